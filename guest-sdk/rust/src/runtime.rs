@@ -1,0 +1,166 @@
+//! Running a processor: decoding a call's arguments, and the glue between the `processor`
+//! export and [`StatefulProcessor`].
+
+use serde::de::DeserializeOwned;
+
+use crate::{Error, ErrorKind, Result};
+
+/// Decodes every input row, naming the first row that does not fit so the host can point at
+/// its input file and line.
+pub(crate) fn decode_rows<I: DeserializeOwned>(rows: &[impl AsRef<str>]) -> Result<Vec<I>> {
+    let mut decoded = Vec::with_capacity(rows.len());
+    for (index, row) in rows.iter().enumerate() {
+        match serde_json::from_str(row.as_ref()) {
+            Ok(row) => decoded.push(row),
+            Err(err) => {
+                let index = u32::try_from(index).unwrap_or(u32::MAX);
+                return Err(Error::new(
+                    ErrorKind::BadInputRow { index },
+                    err.to_string(),
+                ));
+            }
+        }
+    }
+    Ok(decoded)
+}
+
+/// Decodes one initial-state row.
+pub(crate) fn decode_initial_state<T: DeserializeOwned>(json: &str) -> Result<T> {
+    serde_json::from_str(json).map_err(|err| Error::json("initial state row", err))
+}
+
+/// What [`export_processor!`](crate::export_processor) expands to calls; one function per
+/// export of the `processor` interface.
+pub mod wit_glue {
+    use std::cell::RefCell;
+
+    pub use crate::__private::bindings::exports::statebox::processor::processor::Guest;
+    pub use crate::__private::bindings::statebox::processor::types::{
+        ExpiredTimerInfo as WitExpiredTimerInfo, ProcessorError, ProcessorInfo,
+        TimeMode as WitTimeMode, TimerValues as WitTimerValues,
+    };
+
+    use super::{decode_initial_state, decode_rows};
+    use crate::{Emitter, ExpiredTimerInfo, Handle, Key, StatefulProcessor, TimeMode, TimerValues};
+
+    /// The processor's self-description.
+    pub fn describe<P: StatefulProcessor>() -> ProcessorInfo {
+        ProcessorInfo {
+            name: P::NAME.to_owned(),
+            output_schema: P::OUTPUT_SCHEMA.to_owned(),
+            input_schema: P::INPUT_SCHEMA.map(str::to_owned),
+            output_event_time_column: P::OUTPUT_EVENT_TIME_COLUMN.map(str::to_owned),
+        }
+    }
+
+    /// Creates the processor and keeps it in `slot`.
+    pub fn init<P: StatefulProcessor>(
+        slot: &RefCell<Option<P>>,
+        time_mode: WitTimeMode,
+    ) -> Result<(), ProcessorError> {
+        let time_mode = match time_mode {
+            WitTimeMode::None => TimeMode::None,
+            WitTimeMode::ProcessingTime => TimeMode::ProcessingTime,
+            WitTimeMode::EventTime => TimeMode::EventTime,
+        };
+        let processor = P::init(&mut Handle::host(time_mode)).map_err(crate::Error::into_host)?;
+        *slot.borrow_mut() = Some(processor);
+        Ok(())
+    }
+
+    fn with_processor<P: StatefulProcessor, T>(
+        slot: &RefCell<Option<P>>,
+        call: impl FnOnce(&mut P) -> crate::Result<T>,
+    ) -> Result<T, ProcessorError> {
+        let mut slot = slot.borrow_mut();
+        let processor = slot.as_mut().ok_or_else(|| {
+            ProcessorError::Failed(format!("processor `{}` was called before init", P::NAME))
+        })?;
+        call(processor).map_err(crate::Error::into_host)
+    }
+
+    fn timer_values(values: WitTimerValues) -> TimerValues {
+        TimerValues::new(
+            values.current_processing_time_ms,
+            values.current_watermark_ms,
+        )
+    }
+
+    /// Runs `handle_input_rows` for one key.
+    pub fn handle_input_rows<P: StatefulProcessor>(
+        slot: &RefCell<Option<P>>,
+        key: String,
+        rows: Vec<String>,
+        values: WitTimerValues,
+    ) -> Result<Vec<String>, ProcessorError> {
+        with_processor(slot, |processor| {
+            let rows = decode_rows(&rows)?;
+            let mut out = Emitter::json();
+            processor.handle_input_rows(
+                &Key::from_json(key),
+                rows,
+                timer_values(values),
+                &mut out,
+            )?;
+            Ok(out.into_json())
+        })
+    }
+
+    /// Runs `handle_expired_timer` for one timer.
+    pub fn handle_expired_timer<P: StatefulProcessor>(
+        slot: &RefCell<Option<P>>,
+        key: String,
+        values: WitTimerValues,
+        info: WitExpiredTimerInfo,
+    ) -> Result<Vec<String>, ProcessorError> {
+        with_processor(slot, |processor| {
+            let mut out = Emitter::json();
+            processor.handle_expired_timer(
+                &Key::from_json(key),
+                timer_values(values),
+                ExpiredTimerInfo::new(info.expiry_time_ms),
+                &mut out,
+            )?;
+            Ok(out.into_json())
+        })
+    }
+
+    /// Runs `handle_initial_state` for one initial-state row.
+    pub fn handle_initial_state<P: StatefulProcessor>(
+        slot: &RefCell<Option<P>>,
+        key: String,
+        row: String,
+        values: WitTimerValues,
+    ) -> Result<(), ProcessorError> {
+        with_processor(slot, |processor| {
+            let row = decode_initial_state(&row)?;
+            processor.handle_initial_state(&Key::from_json(key), row, timer_values(values))
+        })
+    }
+
+    /// Runs `close` and drops the processor.
+    pub fn close<P: StatefulProcessor>(slot: &RefCell<Option<P>>) -> Result<(), ProcessorError> {
+        match slot.borrow_mut().take() {
+            Some(mut processor) => processor.close().map_err(crate::Error::into_host),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_rows_are_named_by_index() {
+        #[derive(serde::Deserialize, Debug)]
+        struct Row {
+            n: i64,
+        }
+        let rows = [r#"{"n":1}"#, r#"{"n":"x"}"#];
+        assert_eq!(decode_rows::<Row>(&rows[..1]).unwrap()[0].n, 1);
+        let err = decode_rows::<Row>(&rows).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::BadInputRow { index: 1 });
+        assert!(err.message().contains("invalid type"), "{err}");
+    }
+}

@@ -1,0 +1,322 @@
+//! `statebox bench`: throughput of the real pipeline (files in, RocksDB state, files out),
+//! for the WebAssembly processor and for the same logic compiled into the host.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::{Args, Subcommand, ValueEnum};
+use serde_json::json;
+use statebox_engine::{PartitionProcessor, ProcessorFactory, Query, QueryOptions};
+use statebox_runtime::catalog::{Catalog, VarHandle, VarKind};
+use statebox_runtime::{
+    BatchTimes, CallError, CallErrorKind, Function, InstanceConfig, ProcessorInfo,
+};
+use statebox_schema::Schema;
+use statebox_state::{PartitionTxn, StoredValue};
+
+use crate::SandboxArgs;
+
+#[derive(Subcommand)]
+pub(crate) enum BenchCommand {
+    /// The counter workload: every key's count, list and map updated once per batch.
+    Count(CountArgs),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Engine {
+    /// The `counter` plugin, run as a WebAssembly component.
+    Wasm,
+    /// The same logic compiled into the host.
+    Native,
+    /// Both, one after the other.
+    All,
+}
+
+#[derive(Args)]
+pub(crate) struct CountArgs {
+    /// Events to generate.
+    #[arg(long, default_value_t = 1_000_000)]
+    events: u64,
+    /// Distinct keys.
+    #[arg(long, default_value_t = 100_000)]
+    keys: u64,
+    /// Micro-batches (input files) the events are split into.
+    #[arg(long, default_value_t = 1)]
+    batches: u64,
+    /// State partitions.
+    #[arg(long, default_value_t = 4)]
+    partitions: u16,
+    /// Which engine(s) to measure.
+    #[arg(long, value_enum, default_value_t = Engine::All)]
+    engine: Engine,
+    /// The counter component (default: build plugins/counter).
+    #[arg(long)]
+    processor: Option<PathBuf>,
+    #[command(flatten)]
+    sandbox: SandboxArgs,
+}
+
+pub(crate) fn run(cmd: BenchCommand) -> anyhow::Result<()> {
+    match cmd {
+        BenchCommand::Count(args) => count(args),
+    }
+}
+
+fn count(args: CountArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.keys > 0 && args.events > 0 && args.batches > 0,
+        "--events, --keys and --batches must be positive"
+    );
+    let dir = tempfile_dir()?;
+    let input = dir.join("input");
+    generate_count_input(&input, args.events, args.keys, args.batches)?;
+    let mut engines = Vec::new();
+    if matches!(args.engine, Engine::Wasm | Engine::All) {
+        let wasm = match &args.processor {
+            Some(p) => crate::plugin::resolve(p)?,
+            None => crate::plugin::resolve(&workspace_root().join("plugins/counter"))?,
+        };
+        let runtime = args.sandbox.runtime()?;
+        let processor = runtime.load_file(&wasm)?;
+        engines.push(("wasm", Arc::new(processor) as Arc<dyn ProcessorFactory>));
+    }
+    if matches!(args.engine, Engine::Native | Engine::All) {
+        engines.push((
+            "native",
+            Arc::new(NativeCounter::new()) as Arc<dyn ProcessorFactory>,
+        ));
+    }
+    for (name, factory) in engines {
+        let run_dir = dir.join(name);
+        let opts = QueryOptions {
+            input: input.clone(),
+            output: run_dir.join("out.jsonl"),
+            checkpoint: run_dir.join("checkpoint"),
+            key_columns: vec!["key".into()],
+            partitions: Some(args.partitions),
+            output_mode: None,
+            time_mode: None,
+            max_files_per_batch: 1,
+            workers: None,
+        };
+        let started = Instant::now();
+        let mut query = Query::open(opts, factory)?;
+        let reports = query.run_available(|_| {})?;
+        let seconds = started.elapsed().as_secs_f64();
+        let output_rows: u64 = reports.iter().map(|r| r.commit.output_rows).sum();
+        let input_rows: u64 = reports.iter().map(|r| r.commit.input_rows).sum();
+        anyhow::ensure!(
+            input_rows == args.events,
+            "{name}: processed {input_rows} of {} events",
+            args.events
+        );
+        let line = json!({
+            "workload": "count",
+            "engine": name,
+            "events": args.events,
+            "keys": args.keys,
+            "batches": args.batches,
+            "partitions": args.partitions,
+            "seconds": (seconds * 1000.0).round() / 1000.0,
+            "events_per_s": (args.events as f64 / seconds).round(),
+            "output_rows": output_rows,
+        });
+        println!("{line}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+    Ok(())
+}
+
+fn workspace_root() -> PathBuf {
+    // The CLI lives in host/cli; the plugins are two levels up.
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn tempfile_dir() -> anyhow::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("statebox-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Writes `batches` files of events `{"key": "k<n>", "value": <i>}` over `keys` keys,
+/// chosen by a fixed pseudo-random sequence so every run sees the same data.
+fn generate_count_input(dir: &Path, events: u64, keys: u64, batches: u64) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let mut state: u64 = 0x2545_F491_4F6C_DD1D;
+    let per_batch = events.div_ceil(batches);
+    let mut written = 0;
+    for b in 0..batches {
+        let file = std::fs::File::create(dir.join(format!("part-{b:05}.jsonl")))?;
+        let mut w = std::io::BufWriter::new(file);
+        for _ in 0..per_batch.min(events - written) {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            writeln!(w, "{{\"key\":\"k{}\",\"value\":{written}}}", state % keys)?;
+            written += 1;
+        }
+        w.flush()?;
+    }
+    Ok(())
+}
+
+/// The `counter` plugin's logic compiled into the host, doing the same state operations
+/// through the same store: the baseline that shows what the sandbox costs.
+struct NativeCounter {
+    info: ProcessorInfo,
+}
+
+impl NativeCounter {
+    fn new() -> NativeCounter {
+        NativeCounter {
+            info: ProcessorInfo {
+                name: "counter-native".into(),
+                output_schema: Schema::parse_ddl("key string, count long").expect("valid DDL"),
+                input_schema: None,
+                output_event_time_column: None,
+            },
+        }
+    }
+}
+
+struct NativeCounterInstance {
+    count: Arc<VarHandle>,
+    batch_counts: Arc<VarHandle>,
+    stats: Arc<VarHandle>,
+    calls_key: Vec<u8>,
+    txn: Option<PartitionTxn>,
+}
+
+impl ProcessorFactory for NativeCounter {
+    fn info(&self) -> &ProcessorInfo {
+        &self.info
+    }
+
+    fn instantiate(
+        &self,
+        config: InstanceConfig,
+    ) -> Result<Box<dyn PartitionProcessor>, CallError> {
+        let catalog: &Mutex<Catalog> = &config.catalog;
+        let mut catalog = catalog.lock().expect("catalog lock");
+        let declare = |c: &mut Catalog, name: &str, kind, key: Option<&str>, value: &str| {
+            c.declare(name, kind, key, value, None)
+                .map_err(|e| CallError {
+                    processor: "counter-native".into(),
+                    function: Function::Init,
+                    key: None,
+                    kind: CallErrorKind::Failed(e.to_string()),
+                })
+        };
+        Ok(Box::new(NativeCounterInstance {
+            count: declare(&mut catalog, "count", VarKind::Value, None, "long")?,
+            batch_counts: declare(&mut catalog, "batchCounts", VarKind::List, None, "long")?,
+            stats: declare(
+                &mut catalog,
+                "stats",
+                VarKind::Map,
+                Some("name string"),
+                "count long",
+            )?,
+            calls_key: br#"{"name":"calls"}"#.to_vec(),
+            txn: None,
+        }))
+    }
+}
+
+impl NativeCounterInstance {
+    fn store(
+        &mut self,
+        f: impl FnOnce(&mut PartitionTxn) -> statebox_state::Result<()>,
+    ) -> Result<(), CallError> {
+        let txn = self.txn.as_mut().expect("in a batch");
+        f(txn).map_err(|e| CallError {
+            processor: "counter-native".into(),
+            function: Function::HandleInputRows,
+            key: None,
+            kind: CallErrorKind::Internal(e),
+        })
+    }
+}
+
+fn value(var: &VarHandle, json: String) -> StoredValue {
+    StoredValue {
+        schema_id: var.schema_id(),
+        expires_at_ms: None,
+        payload: json.into_bytes(),
+    }
+}
+
+impl PartitionProcessor for NativeCounterInstance {
+    fn begin_batch(&mut self, txn: PartitionTxn, _times: BatchTimes) {
+        self.txn = Some(txn);
+    }
+
+    fn handle_input_rows(&mut self, key: &str, rows: &[String]) -> Result<Vec<String>, CallError> {
+        let batch = rows.len() as i64;
+        let k = key.as_bytes();
+        let (count, batch_counts, stats, calls_key) = (
+            self.count.clone(),
+            self.batch_counts.clone(),
+            self.stats.clone(),
+            self.calls_key.clone(),
+        );
+        self.store(|txn| {
+            let total = match txn.value_get(count.id, k)? {
+                Some(v) => std::str::from_utf8(&v.payload)
+                    .ok()
+                    .and_then(|s| s.parse::<i64>().ok())
+                    .unwrap_or(0),
+                None => 0,
+            } + batch;
+            txn.value_put(count.id, k, value(&count, total.to_string()))?;
+            txn.list_append(
+                batch_counts.id,
+                k,
+                vec![value(&batch_counts, batch.to_string())],
+            )?;
+            let calls = match txn.map_get(stats.id, k, &calls_key)? {
+                Some(v) => serde_json::from_slice::<serde_json::Value>(&v.payload)
+                    .ok()
+                    .and_then(|v| v["count"].as_i64())
+                    .unwrap_or(0),
+                None => 0,
+            } + 1;
+            txn.map_put(
+                stats.id,
+                k,
+                &calls_key,
+                value(&stats, format!("{{\"count\":{calls}}}")),
+            )
+        })?;
+        let label: Vec<serde_json::Value> = serde_json::from_str(key).unwrap_or_default();
+        let label = match label.as_slice() {
+            [serde_json::Value::String(s)] => s.clone(),
+            [other] => other.to_string(),
+            _ => key.to_owned(),
+        };
+        Ok(vec![json!({"key": label, "count": batch}).to_string()])
+    }
+
+    fn handle_expired_timer(
+        &mut self,
+        _key: &str,
+        _expiry_ms: i64,
+    ) -> Result<Vec<String>, CallError> {
+        Ok(Vec::new())
+    }
+
+    fn handle_initial_state(&mut self, _key: &str, _row: &str) -> Result<(), CallError> {
+        Ok(())
+    }
+
+    fn end_batch(&mut self) -> Option<PartitionTxn> {
+        self.txn.take()
+    }
+
+    fn is_poisoned(&self) -> bool {
+        false
+    }
+}

@@ -1,0 +1,169 @@
+//! What a checkpoint records about its query, and the per-batch records of the offset and
+//! commit logs.
+
+use serde::{Deserialize, Serialize};
+
+use crate::source::FileRange;
+
+/// Spark's output modes; recorded with the query and fixed for its lifetime.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputMode {
+    /// Only new rows are emitted.
+    Append,
+    /// Rows for keys that changed are emitted.
+    Update,
+}
+
+impl std::str::FromStr for OutputMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "append" => Ok(OutputMode::Append),
+            "update" => Ok(OutputMode::Update),
+            _ => Err(format!(
+                "unknown output mode `{s}` (expected append or update)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for OutputMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            OutputMode::Append => "append",
+            OutputMode::Update => "update",
+        })
+    }
+}
+
+/// The query's time mode; fixed for its lifetime.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TimeMode {
+    /// No timers, no TTL.
+    None,
+    /// Timers and TTL against the batch timestamp.
+    ProcessingTime,
+    /// Timers (and TTL) against the watermark.
+    EventTime,
+}
+
+impl std::str::FromStr for TimeMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "none" => Ok(TimeMode::None),
+            "processing-time" => Ok(TimeMode::ProcessingTime),
+            "event-time" => Ok(TimeMode::EventTime),
+            _ => Err(format!(
+                "unknown time mode `{s}` (expected none, processing-time or event-time)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for TimeMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TimeMode::None => "none",
+            TimeMode::ProcessingTime => "processing-time",
+            TimeMode::EventTime => "event-time",
+        })
+    }
+}
+
+impl From<TimeMode> for statebox_runtime::TimeMode {
+    fn from(t: TimeMode) -> Self {
+        match t {
+            TimeMode::None => statebox_runtime::TimeMode::None,
+            TimeMode::ProcessingTime => statebox_runtime::TimeMode::ProcessingTime,
+            TimeMode::EventTime => statebox_runtime::TimeMode::EventTime,
+        }
+    }
+}
+
+/// The settings fixed when a checkpoint is created. A restart with different settings is
+/// refused (SPEC §6, §7).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueryConfig {
+    /// Format version of the checkpoint.
+    pub version: u32,
+    /// Grouping key columns, in order.
+    pub key_columns: Vec<String>,
+    /// Number of state partitions.
+    pub partitions: u16,
+    /// Output mode.
+    pub output_mode: OutputMode,
+    /// Time mode.
+    pub time_mode: TimeMode,
+    /// Name of the processor that created the checkpoint (informational).
+    pub operator_name: String,
+}
+
+/// The offset log entry: what batch `batch_id` reads and at which times. Written durably
+/// before the batch runs, so a batch re-run after a crash sees exactly the same input,
+/// timestamp and watermark.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchPlan {
+    /// The batch id (0, 1, 2, ...).
+    pub batch_id: u64,
+    /// The batch timestamp: the processing time every call of the batch sees.
+    pub timestamp_ms: i64,
+    /// The watermark the batch runs with; -1 outside event-time mode.
+    pub watermark_ms: i64,
+    /// The input read by the batch.
+    pub ranges: Vec<FileRange>,
+}
+
+/// The commit log entry, written atomically with the batch's state changes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CommitRecord {
+    /// The batch id.
+    pub batch_id: u64,
+    /// The batch timestamp.
+    pub timestamp_ms: i64,
+    /// The watermark the batch ran with.
+    pub watermark_ms: i64,
+    /// Size of the output file after this batch's rows: the sink's exactly-once marker.
+    pub output_bytes: u64,
+    /// Rows read.
+    pub input_rows: u64,
+    /// Rows emitted.
+    pub output_rows: u64,
+    /// Distinct grouping keys called.
+    pub keys: u64,
+    /// Wall time of the batch in milliseconds.
+    pub duration_ms: u64,
+}
+
+/// Consumption of one input file, committed with every batch that read it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileProgress {
+    /// Bytes read so far.
+    pub bytes: u64,
+    /// Lines read so far.
+    pub lines: u64,
+}
+
+/// Metadata names used in the checkpoint.
+pub(crate) mod meta {
+    pub const QUERY: &str = "query";
+    pub const CATALOG: &str = "catalog";
+    pub const HEAD: &str = "head";
+    pub const PLAN_PREFIX: &str = "plan/";
+    pub const COMMIT_PREFIX: &str = "commit/";
+    pub const SOURCE_PREFIX: &str = "source/";
+
+    pub fn plan(batch: u64) -> String {
+        format!("{PLAN_PREFIX}{batch:020}")
+    }
+
+    pub fn commit(batch: u64) -> String {
+        format!("{COMMIT_PREFIX}{batch:020}")
+    }
+
+    pub fn source(file: &str) -> String {
+        format!("{SOURCE_PREFIX}{file}")
+    }
+}

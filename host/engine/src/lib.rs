@@ -1,0 +1,569 @@
+//! The Statebox engine: runs a stateful query as a sequence of micro-batches.
+//!
+//! Data flows one way: source → decode → key → partition → per-key processor calls →
+//! commit → sink. A batch is planned (its input ranges and times written durably to the
+//! offset log), executed (partitions in parallel, each with its own processor instance and
+//! state overlay), its output appended to the sink, and then committed: every partition's
+//! state changes, the catalog, the input progress and the commit record go to the
+//! checkpoint in one atomic write.
+//!
+//! Architecture Invariant: the commit record holds the sink's length after the batch. On
+//! start the sink is truncated to the committed length, so output of a batch that did not
+//! commit is discarded and the batch, re-run from its plan, writes it again: each batch's
+//! output lands exactly once.
+
+mod config;
+mod input;
+mod processor;
+mod sink;
+mod source;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use statebox_runtime::catalog::Catalog;
+use statebox_runtime::{BatchTimes, CallError, CallErrorKind, InstanceConfig};
+use statebox_state::{Checkpoint, Commit, StoreError};
+
+use crate::config::meta;
+pub use crate::config::{BatchPlan, CommitRecord, FileProgress, OutputMode, QueryConfig, TimeMode};
+use crate::input::{Origin, PartitionInput};
+pub use crate::processor::{PartitionProcessor, ProcessorFactory};
+use crate::sink::Sink;
+pub use crate::source::{FileRange, FileSource};
+
+/// Why a query could not run. Says whose fault it is: the user's settings or input, the
+/// tenant's processor, or the host.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// The settings conflict with the checkpoint or with each other.
+    #[error("{0}")]
+    Config(String),
+    /// A bad input row.
+    #[error("{file}:{line}: {message}")]
+    Input {
+        /// Input file.
+        file: String,
+        /// 1-based line number.
+        line: u64,
+        /// What is wrong with the row.
+        message: String,
+    },
+    /// The processor failed; the batch committed nothing.
+    #[error(transparent)]
+    Processor(#[from] CallError),
+    /// Reading input or writing output failed.
+    #[error("{0}")]
+    Io(String),
+    /// The state store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// How to run a query.
+#[derive(Clone, Debug)]
+pub struct QueryOptions {
+    /// Input file or directory of JSON Lines files.
+    pub input: PathBuf,
+    /// Output JSON Lines file.
+    pub output: PathBuf,
+    /// Checkpoint directory.
+    pub checkpoint: PathBuf,
+    /// Grouping key columns.
+    pub key_columns: Vec<String>,
+    /// State partitions; only for a new checkpoint (default: 4).
+    pub partitions: Option<u16>,
+    /// Output mode (default: update).
+    pub output_mode: Option<OutputMode>,
+    /// Time mode (default: none).
+    pub time_mode: Option<TimeMode>,
+    /// Files read per batch.
+    pub max_files_per_batch: usize,
+    /// Worker threads (default: the machine's cores).
+    pub workers: Option<usize>,
+}
+
+/// What one batch did.
+#[derive(Clone, Debug)]
+pub struct BatchReport {
+    /// The commit record written.
+    pub commit: CommitRecord,
+}
+
+/// A query bound to a checkpoint, ready to run batches.
+pub struct Query {
+    opts: QueryOptions,
+    factory: Arc<dyn ProcessorFactory>,
+    checkpoint: Checkpoint,
+    config: QueryConfig,
+    catalog: Arc<Mutex<Catalog>>,
+    instances: Vec<Option<Box<dyn PartitionProcessor>>>,
+    source: FileSource,
+    progress: BTreeMap<String, FileProgress>,
+    head: Option<CommitRecord>,
+    sink: Sink,
+    scanner: statebox_schema::RowScanner,
+}
+
+const DEFAULT_PARTITIONS: u16 = 4;
+
+impl Query {
+    /// Opens (or creates) the checkpoint, checks the settings against it, and prepares the
+    /// sink. Refuses settings that differ from the ones the checkpoint was created with.
+    pub fn open(
+        opts: QueryOptions,
+        factory: Arc<dyn ProcessorFactory>,
+    ) -> Result<Query, EngineError> {
+        if opts.key_columns.is_empty() {
+            return Err(EngineError::Config(
+                "at least one key column is required (--key)".into(),
+            ));
+        }
+        if opts.max_files_per_batch == 0 {
+            return Err(EngineError::Config(
+                "--max-files-per-batch must be at least 1".into(),
+            ));
+        }
+        std::fs::create_dir_all(&opts.checkpoint).map_err(|e| {
+            EngineError::Io(format!(
+                "cannot create checkpoint {}: {e}",
+                opts.checkpoint.display()
+            ))
+        })?;
+        let checkpoint = Checkpoint::open(&opts.checkpoint)?;
+        let config = match checkpoint.get_meta(meta::QUERY)? {
+            Some(bytes) => {
+                let stored: QueryConfig = serde_json::from_slice(&bytes).map_err(|e| {
+                    EngineError::Config(format!("checkpoint query record is unreadable: {e}"))
+                })?;
+                check_restart(&stored, &opts)?;
+                stored
+            }
+            None => {
+                let config = QueryConfig {
+                    version: 1,
+                    key_columns: opts.key_columns.clone(),
+                    partitions: opts.partitions.unwrap_or(DEFAULT_PARTITIONS),
+                    output_mode: opts.output_mode.unwrap_or(OutputMode::Update),
+                    time_mode: opts.time_mode.unwrap_or(TimeMode::None),
+                    operator_name: factory.info().name.clone(),
+                };
+                if config.partitions == 0 {
+                    return Err(EngineError::Config(
+                        "--partitions must be at least 1".into(),
+                    ));
+                }
+                checkpoint.put_meta_sync(
+                    meta::QUERY,
+                    &serde_json::to_vec(&config).expect("serialises"),
+                )?;
+                config
+            }
+        };
+        let catalog = match checkpoint.get_meta(meta::CATALOG)? {
+            Some(bytes) => Catalog::from_json(&bytes).map_err(|e| {
+                EngineError::Config(format!("checkpoint catalog is unreadable: {e}"))
+            })?,
+            None => Catalog::default(),
+        };
+        let head: Option<CommitRecord> = match checkpoint.get_meta(meta::HEAD)? {
+            Some(bytes) => Some(serde_json::from_slice(&bytes).map_err(|e| {
+                EngineError::Config(format!("checkpoint commit record is unreadable: {e}"))
+            })?),
+            None => None,
+        };
+        let mut progress = BTreeMap::new();
+        for (name, bytes) in checkpoint.scan_meta(meta::SOURCE_PREFIX)? {
+            let p: FileProgress = serde_json::from_slice(&bytes).map_err(|e| {
+                EngineError::Config(format!("checkpoint source progress is unreadable: {e}"))
+            })?;
+            progress.insert(name[meta::SOURCE_PREFIX.len()..].to_owned(), p);
+        }
+        let sink = Sink::open(&opts.output, head.as_ref().map_or(0, |h| h.output_bytes))?;
+        let source = FileSource::new(&opts.input)?;
+        let scanner = statebox_schema::RowScanner::new(
+            factory.info().input_schema.clone(),
+            config.key_columns.clone(),
+        );
+        let instances = (0..config.partitions).map(|_| None).collect();
+        Ok(Query {
+            opts,
+            factory,
+            checkpoint,
+            config,
+            catalog: Arc::new(Mutex::new(catalog)),
+            instances,
+            source,
+            progress,
+            head,
+            sink,
+            scanner,
+        })
+    }
+
+    /// The settings recorded in the checkpoint.
+    pub fn config(&self) -> &QueryConfig {
+        &self.config
+    }
+
+    /// The last committed batch, if any.
+    pub fn head(&self) -> Option<&CommitRecord> {
+        self.head.as_ref()
+    }
+
+    /// Runs batches until all available input is processed. A batch that was planned but
+    /// not committed (the process died) is re-run first, exactly as planned.
+    pub fn run_available(
+        &mut self,
+        mut on_batch: impl FnMut(&BatchReport),
+    ) -> Result<Vec<BatchReport>, EngineError> {
+        let mut reports = Vec::new();
+        while let Some(plan) = self.next_plan()? {
+            let report = self.run_batch(&plan)?;
+            on_batch(&report);
+            reports.push(report);
+        }
+        Ok(reports)
+    }
+
+    fn next_batch_id(&self) -> u64 {
+        self.head.as_ref().map_or(0, |h| h.batch_id + 1)
+    }
+
+    /// The pending plan if the last run died mid-batch, else a new plan over unread input.
+    fn next_plan(&mut self) -> Result<Option<BatchPlan>, EngineError> {
+        let batch_id = self.next_batch_id();
+        if let Some(bytes) = self.checkpoint.get_meta(&meta::plan(batch_id))? {
+            let plan: BatchPlan = serde_json::from_slice(&bytes).map_err(|e| {
+                EngineError::Config(format!("checkpoint batch plan is unreadable: {e}"))
+            })?;
+            tracing::info!(batch_id, "re-running uncommitted batch from its plan");
+            return Ok(Some(plan));
+        }
+        let ranges = self
+            .source
+            .next_ranges(&self.progress, self.opts.max_files_per_batch)?;
+        if ranges.is_empty() {
+            return Ok(None);
+        }
+        let plan = BatchPlan {
+            batch_id,
+            timestamp_ms: now_ms(),
+            watermark_ms: -1,
+            ranges,
+        };
+        self.checkpoint.put_meta_sync(
+            &meta::plan(batch_id),
+            &serde_json::to_vec(&plan).expect("serialises"),
+        )?;
+        Ok(Some(plan))
+    }
+
+    /// Runs one planned batch and commits it. On failure nothing is committed, the plan is
+    /// withdrawn (so fixed input is re-planned on the next run) and poisoned instances are
+    /// dropped.
+    pub fn run_batch(&mut self, plan: &BatchPlan) -> Result<BatchReport, EngineError> {
+        match self.try_run_batch(plan) {
+            Ok(report) => Ok(report),
+            Err(e) => {
+                let withdraw = Commit {
+                    drop_vars: Vec::new(),
+                    txns: Vec::new(),
+                    meta: vec![(meta::plan(plan.batch_id), None)],
+                };
+                if let Err(store) = self.checkpoint.commit(withdraw) {
+                    tracing::warn!(error = %store, "could not withdraw the failed batch's plan");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn try_run_batch(&mut self, plan: &BatchPlan) -> Result<BatchReport, EngineError> {
+        let started = Instant::now();
+        let mut inputs: Vec<PartitionInput> = (0..self.config.partitions)
+            .map(|_| PartitionInput::default())
+            .collect();
+        let mut input_rows = 0u64;
+        let mut new_progress = Vec::new();
+        for (file_idx, range) in plan.ranges.iter().enumerate() {
+            let text = self.source.read(range)?;
+            let file = self.source.path_of(&range.file).display().to_string();
+            let rows = input::decode(
+                &text,
+                range,
+                file_idx,
+                &file,
+                &self.scanner,
+                &self.config.key_columns,
+                &mut inputs,
+            )?;
+            input_rows += rows;
+            let lines = range.first_line - 1
+                + source::count_lines(text.as_bytes())
+                + u64::from(!text.is_empty() && !text.ends_with('\n'));
+            new_progress.push((
+                range.file.clone(),
+                FileProgress {
+                    bytes: range.end,
+                    lines,
+                },
+            ));
+        }
+        let keys = inputs.iter().map(|p| p.len() as u64).sum();
+        let times = BatchTimes {
+            batch_id: plan.batch_id,
+            batch_timestamp_ms: plan.timestamp_ms,
+            watermark_ms: plan.watermark_ms,
+        };
+        let results = self.execute(inputs, times, plan)?;
+
+        let mut txns = Vec::with_capacity(results.len());
+        let mut output = Vec::new();
+        let mut output_rows = 0u64;
+        for r in results {
+            txns.push(r.txn);
+            for row in r.rows {
+                output.extend_from_slice(row.as_bytes());
+                output.push(b'\n');
+                output_rows += 1;
+            }
+        }
+        let output_bytes = self.sink.append(&output)?;
+
+        let commit = CommitRecord {
+            batch_id: plan.batch_id,
+            timestamp_ms: plan.timestamp_ms,
+            watermark_ms: plan.watermark_ms,
+            output_bytes,
+            input_rows,
+            output_rows,
+            keys,
+            duration_ms: started.elapsed().as_millis() as u64,
+        };
+        let (drop_vars, catalog_json) = {
+            let mut catalog = self.catalog.lock().expect("catalog lock poisoned");
+            let dirty = catalog.is_dirty();
+            let drops = catalog.take_changes();
+            (drops, dirty.then(|| catalog.to_json()))
+        };
+        let record = serde_json::to_vec(&commit).expect("serialises");
+        let mut meta_writes = vec![
+            (meta::commit(plan.batch_id), Some(record.clone())),
+            (meta::HEAD.to_owned(), Some(record)),
+            (meta::plan(plan.batch_id), None),
+        ];
+        if let Some(json) = catalog_json {
+            meta_writes.push((meta::CATALOG.to_owned(), Some(json)));
+        }
+        for (file, p) in &new_progress {
+            meta_writes.push((
+                meta::source(file),
+                Some(serde_json::to_vec(p).expect("serialises")),
+            ));
+        }
+        self.checkpoint.commit(Commit {
+            drop_vars,
+            txns,
+            meta: meta_writes,
+        })?;
+        for (file, p) in new_progress {
+            self.progress.insert(file, p);
+        }
+        self.head = Some(commit.clone());
+        Ok(BatchReport { commit })
+    }
+
+    /// Calls the processor for every key of every partition, partitions in parallel.
+    fn execute(
+        &mut self,
+        inputs: Vec<PartitionInput>,
+        times: BatchTimes,
+        plan: &BatchPlan,
+    ) -> Result<Vec<PartitionResult>, EngineError> {
+        let workers = self
+            .opts
+            .workers
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+            .clamp(1, self.instances.len());
+        let mut lanes: Vec<Vec<Job>> = (0..workers).map(|_| Vec::new()).collect();
+        for (p, (instance, input)) in self.instances.iter_mut().zip(inputs).enumerate() {
+            lanes[p % workers].push(Job {
+                partition: p as u16,
+                instance: instance.take(),
+                input,
+            });
+        }
+        let checkpoint = &self.checkpoint;
+        let factory = &*self.factory;
+        let catalog = &self.catalog;
+        let time_mode: statebox_runtime::TimeMode = self.config.time_mode.into();
+        let finished: Vec<
+            Vec<(
+                u16,
+                Option<Box<dyn PartitionProcessor>>,
+                Result<PartitionResult, (CallError, Option<Origin>)>,
+            )>,
+        > = std::thread::scope(|s| {
+            let handles: Vec<_> = lanes
+                .into_iter()
+                .map(|lane| {
+                    s.spawn(move || {
+                        lane.into_iter()
+                            .map(|job| {
+                                run_partition(job, checkpoint, factory, catalog, time_mode, times)
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("partition worker panicked"))
+                .collect()
+        });
+        let mut results: Vec<Option<PartitionResult>> =
+            (0..self.instances.len()).map(|_| None).collect();
+        let mut first_error: Option<(u16, CallError, Option<Origin>)> = None;
+        for (p, instance, result) in finished.into_iter().flatten() {
+            self.instances[p as usize] = instance.filter(|i| !i.is_poisoned());
+            match result {
+                Ok(r) => results[p as usize] = Some(r),
+                Err((e, origin)) => {
+                    if first_error.as_ref().is_none_or(|(q, _, _)| p < *q) {
+                        first_error = Some((p, e, origin));
+                    }
+                }
+            }
+        }
+        if let Some((_, e, origin)) = first_error {
+            return Err(match (&e.kind, origin) {
+                (CallErrorKind::BadInputRow { message, .. }, Some(origin)) => EngineError::Input {
+                    file: self
+                        .source
+                        .path_of(&plan.ranges[origin.file as usize].file)
+                        .display()
+                        .to_string(),
+                    line: origin.line,
+                    message: format!("processor `{}` rejected the row: {message}", e.processor),
+                },
+                _ => EngineError::Processor(e),
+            });
+        }
+        Ok(results
+            .into_iter()
+            .map(|r| r.expect("every partition finished"))
+            .collect())
+    }
+}
+
+struct Job {
+    partition: u16,
+    instance: Option<Box<dyn PartitionProcessor>>,
+    input: PartitionInput,
+}
+
+struct PartitionResult {
+    txn: statebox_state::PartitionTxn,
+    rows: Vec<String>,
+}
+
+type PartitionOutcome = (
+    u16,
+    Option<Box<dyn PartitionProcessor>>,
+    Result<PartitionResult, (CallError, Option<Origin>)>,
+);
+
+fn run_partition(
+    job: Job,
+    checkpoint: &Checkpoint,
+    factory: &dyn ProcessorFactory,
+    catalog: &Arc<Mutex<Catalog>>,
+    time_mode: statebox_runtime::TimeMode,
+    times: BatchTimes,
+) -> PartitionOutcome {
+    let Job {
+        partition,
+        instance,
+        input,
+    } = job;
+    let mut instance = match instance {
+        Some(i) => i,
+        None => {
+            let config = InstanceConfig {
+                time_mode,
+                catalog: catalog.clone(),
+                partition,
+            };
+            match factory.instantiate(config) {
+                Ok(i) => i,
+                Err(e) => return (partition, None, Err((e, None))),
+            }
+        }
+    };
+    instance.begin_batch(checkpoint.txn(partition), times);
+    let mut rows = Vec::new();
+    let mut failure = None;
+    for group in input.groups() {
+        match instance.handle_input_rows(&group.key, &group.rows) {
+            Ok(out) => rows.extend(out),
+            Err(e) => {
+                let origin = match &e.kind {
+                    CallErrorKind::BadInputRow { index, .. } => {
+                        group.origins.get(*index as usize).copied()
+                    }
+                    _ => None,
+                };
+                failure = Some((e, origin));
+                break;
+            }
+        }
+    }
+    let txn = instance.end_batch();
+    let result = match (failure, txn) {
+        (Some(f), _) => Err(f),
+        (None, Some(txn)) => Ok(PartitionResult { txn, rows }),
+        (None, None) => unreachable!("begin_batch lent the instance a transaction"),
+    };
+    (partition, Some(instance), result)
+}
+
+fn check_restart(stored: &QueryConfig, opts: &QueryOptions) -> Result<(), EngineError> {
+    let refuse = |setting: &str, old: String, new: String| {
+        Err(EngineError::Config(format!(
+            "the checkpoint {} was created with {setting} {old}, but this run asks for {new}; \
+             {setting} cannot change for an existing checkpoint (use a new --checkpoint)",
+            opts.checkpoint.display()
+        )))
+    };
+    if stored.key_columns != opts.key_columns {
+        return refuse(
+            "--key",
+            stored.key_columns.join(","),
+            opts.key_columns.join(","),
+        );
+    }
+    if let Some(m) = opts.output_mode.filter(|m| *m != stored.output_mode) {
+        return refuse(
+            "--output-mode",
+            stored.output_mode.to_string(),
+            m.to_string(),
+        );
+    }
+    if let Some(t) = opts.time_mode.filter(|t| *t != stored.time_mode) {
+        return refuse("--time-mode", stored.time_mode.to_string(), t.to_string());
+    }
+    if let Some(p) = opts.partitions.filter(|p| *p != stored.partitions) {
+        return refuse("--partitions", stored.partitions.to_string(), p.to_string());
+    }
+    Ok(())
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}

@@ -1,0 +1,75 @@
+//! The engine's view of a processor: something that can be instantiated per partition and
+//! called key by key. The WebAssembly runtime is the real implementation; the benchmark
+//! also plugs in native Rust logic to measure the sandbox's cost.
+
+use statebox_runtime::{BatchTimes, CallError, Instance, InstanceConfig, Processor, ProcessorInfo};
+use statebox_state::PartitionTxn;
+
+/// A processor instance serving one partition.
+pub trait PartitionProcessor: Send {
+    /// Lends the instance the partition's transaction for a batch.
+    fn begin_batch(&mut self, txn: PartitionTxn, times: BatchTimes);
+    /// Handles all rows of one key; returns the emitted rows (JSON objects).
+    fn handle_input_rows(&mut self, key: &str, rows: &[String]) -> Result<Vec<String>, CallError>;
+    /// Handles one expired timer of a key; returns the emitted rows.
+    fn handle_expired_timer(&mut self, key: &str, expiry_ms: i64)
+    -> Result<Vec<String>, CallError>;
+    /// Applies one initial-state row of a key.
+    fn handle_initial_state(&mut self, key: &str, row: &str) -> Result<(), CallError>;
+    /// Takes the transaction back.
+    fn end_batch(&mut self) -> Option<PartitionTxn>;
+    /// Whether the instance must be replaced before the next call.
+    fn is_poisoned(&self) -> bool;
+}
+
+/// Creates [`PartitionProcessor`]s.
+pub trait ProcessorFactory: Send + Sync {
+    /// What the processor declared about itself.
+    fn info(&self) -> &ProcessorInfo;
+    /// Creates an instance for one partition and runs its `init`.
+    fn instantiate(&self, config: InstanceConfig)
+    -> Result<Box<dyn PartitionProcessor>, CallError>;
+}
+
+impl ProcessorFactory for Processor {
+    fn info(&self) -> &ProcessorInfo {
+        Processor::info(self)
+    }
+
+    fn instantiate(
+        &self,
+        config: InstanceConfig,
+    ) -> Result<Box<dyn PartitionProcessor>, CallError> {
+        Ok(Box::new(Processor::instantiate(self, config)?))
+    }
+}
+
+impl PartitionProcessor for Instance {
+    fn begin_batch(&mut self, txn: PartitionTxn, times: BatchTimes) {
+        Instance::begin_batch(self, txn, times)
+    }
+
+    fn handle_input_rows(&mut self, key: &str, rows: &[String]) -> Result<Vec<String>, CallError> {
+        Instance::handle_input_rows(self, key, rows)
+    }
+
+    fn handle_expired_timer(
+        &mut self,
+        key: &str,
+        expiry_ms: i64,
+    ) -> Result<Vec<String>, CallError> {
+        Instance::handle_expired_timer(self, key, expiry_ms)
+    }
+
+    fn handle_initial_state(&mut self, key: &str, row: &str) -> Result<(), CallError> {
+        Instance::handle_initial_state(self, key, row)
+    }
+
+    fn end_batch(&mut self) -> Option<PartitionTxn> {
+        Instance::end_batch(self)
+    }
+
+    fn is_poisoned(&self) -> bool {
+        Instance::is_poisoned(self)
+    }
+}

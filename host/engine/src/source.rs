@@ -1,0 +1,148 @@
+//! The file source: JSON Lines files in a directory (read in name order) or a single file.
+//!
+//! Progress is tracked per file as the number of bytes consumed, committed with each
+//! batch, so a re-run reads only what no committed batch has read, and a file that grows
+//! is read from where the last batch stopped.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::EngineError;
+
+/// A byte range of one input file that a batch reads. Files are expected to be complete
+/// when listed (written elsewhere, then moved in), as with Spark's file source.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRange {
+    /// File name relative to the input directory (or the file's own name).
+    pub file: String,
+    /// First byte to read.
+    pub start: u64,
+    /// One past the last byte to read.
+    pub end: u64,
+    /// 1-based number of the line starting at `start`, for error messages.
+    pub first_line: u64,
+}
+
+/// Where input comes from.
+#[derive(Clone, Debug)]
+pub struct FileSource {
+    root: PathBuf,
+    single_file: bool,
+}
+
+impl FileSource {
+    /// A source over a file or a directory of files.
+    pub fn new(path: &Path) -> Result<FileSource, EngineError> {
+        let meta = std::fs::metadata(path)
+            .map_err(|e| EngineError::Io(format!("cannot read input {}: {e}", path.display())))?;
+        Ok(FileSource {
+            root: path.to_owned(),
+            single_file: meta.is_file(),
+        })
+    }
+
+    /// The path of a file named by a [`FileRange`].
+    pub fn path_of(&self, file: &str) -> PathBuf {
+        if self.single_file {
+            self.root.clone()
+        } else {
+            self.root.join(file)
+        }
+    }
+
+    fn files(&self) -> Result<Vec<String>, EngineError> {
+        if self.single_file {
+            let name = self
+                .root
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            return Ok(vec![name]);
+        }
+        let mut names = Vec::new();
+        let dir = std::fs::read_dir(&self.root).map_err(|e| {
+            EngineError::Io(format!(
+                "cannot list input directory {}: {e}",
+                self.root.display()
+            ))
+        })?;
+        for entry in dir {
+            let entry = entry.map_err(|e| {
+                EngineError::Io(format!("cannot list {}: {e}", self.root.display()))
+            })?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            // Hidden and temporary files are being written by someone; skip them like Spark.
+            if name.starts_with('.') || name.starts_with('_') || !entry.path().is_file() {
+                continue;
+            }
+            names.push(name);
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    /// Plans the next batch's input: up to `max_files` files with unread complete lines.
+    pub fn next_ranges(
+        &self,
+        progress: &BTreeMap<String, crate::config::FileProgress>,
+        max_files: usize,
+    ) -> Result<Vec<FileRange>, EngineError> {
+        let mut ranges = Vec::new();
+        for name in self.files()? {
+            if ranges.len() >= max_files {
+                break;
+            }
+            let path = self.path_of(&name);
+            let (consumed, lines) = progress.get(&name).map_or((0, 0), |p| (p.bytes, p.lines));
+            let len = std::fs::metadata(&path)
+                .map_err(|e| EngineError::Io(format!("cannot read {}: {e}", path.display())))?
+                .len();
+            if len <= consumed {
+                continue;
+            }
+            // Everything present is read, including a last line without a trailing
+            // newline, as Spark's file source does for files that are complete when listed.
+            ranges.push(FileRange {
+                file: name,
+                start: consumed,
+                end: len,
+                first_line: lines + 1,
+            });
+        }
+        Ok(ranges)
+    }
+
+    /// Reads a planned range.
+    pub fn read(&self, range: &FileRange) -> Result<String, EngineError> {
+        use std::io::{Read, Seek, SeekFrom};
+        let path = self.path_of(&range.file);
+        let io =
+            |e: std::io::Error| EngineError::Io(format!("cannot read {}: {e}", path.display()));
+        let mut f = std::fs::File::open(&path).map_err(io)?;
+        f.seek(SeekFrom::Start(range.start)).map_err(io)?;
+        let mut buf = Vec::with_capacity((range.end - range.start) as usize);
+        f.take(range.end - range.start)
+            .read_to_end(&mut buf)
+            .map_err(io)?;
+        if (buf.len() as u64) < range.end - range.start {
+            return Err(EngineError::Io(format!(
+                "input file {} shrank after it was planned into a batch (expected {} bytes from offset {})",
+                path.display(),
+                range.end - range.start,
+                range.start
+            )));
+        }
+        String::from_utf8(buf).map_err(|e| EngineError::Input {
+            file: path.display().to_string(),
+            line: range.first_line + count_lines(&e.as_bytes()[..e.utf8_error().valid_up_to()]),
+            message: "input is not valid UTF-8".into(),
+        })
+    }
+}
+
+/// Number of line breaks in `bytes`.
+pub(crate) fn count_lines(bytes: &[u8]) -> u64 {
+    bytes.iter().filter(|&&b| b == b'\n').count() as u64
+}

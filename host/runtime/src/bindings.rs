@@ -1,0 +1,17 @@
+//! Host bindings generated from `wit/`.
+//!
+//! Every import is trappable: a host-side fault (the state store failing) or a sandbox
+//! violation traps the guest, while expected conditions are returned as WIT errors.
+
+wasmtime::component::bindgen!({
+    world: "stateful-processor",
+    path: "../../wit",
+    imports: { default: trappable },
+    with: {
+        "statebox:processor/state.value-state": crate::host::ValueStateRes,
+        "statebox:processor/state.list-state": crate::host::ListStateRes,
+        "statebox:processor/state.map-state": crate::host::MapStateRes,
+        "statebox:processor/state.json-iterator": crate::host::JsonIteratorRes,
+        "statebox:processor/state.map-iterator": crate::host::MapIteratorRes,
+    },
+});

@@ -1,0 +1,276 @@
+//! The catalog of a query's state variables: names, ids, kinds, schema histories and TTLs.
+//!
+//! Variables are declared by the processor's `init`. The catalog decides whether a
+//! declaration reuses an existing variable, evolves its schema, or is refused (SPEC §7),
+//! and it is persisted with every commit so a restart sees the same ids.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use statebox_schema::Schema;
+use statebox_state::VarId;
+
+/// The three kinds of state variable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VarKind {
+    /// `ValueState`.
+    Value,
+    /// `ListState`.
+    List,
+    /// `MapState`.
+    Map,
+}
+
+impl VarKind {
+    /// The Spark-style name used in messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            VarKind::Value => "value state",
+            VarKind::List => "list state",
+            VarKind::Map => "map state",
+        }
+    }
+}
+
+/// One variable as persisted in the checkpoint.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VarDef {
+    /// Storage id; never reused, even after `delete-if-exists`.
+    pub id: VarId,
+    /// The name the processor declared.
+    pub name: String,
+    /// Value, list or map.
+    pub kind: VarKind,
+    /// The map's user key schema (DDL), for map state only. It can never change.
+    pub key_schema: Option<String>,
+    /// Every value schema (DDL) this variable was declared with, oldest first. A stored
+    /// value records the index of the schema it was written with.
+    pub value_schemas: Vec<String>,
+    /// Time to live in milliseconds, if any.
+    pub ttl_ms: Option<u64>,
+}
+
+/// A declared variable, resolved for fast use by the state imports.
+#[derive(Debug)]
+pub struct VarHandle {
+    /// Storage id.
+    pub id: VarId,
+    /// The declared name.
+    pub name: String,
+    /// Value, list or map.
+    pub kind: VarKind,
+    /// The map's user key schema.
+    pub key_schema: Option<Schema>,
+    /// Every value schema, oldest first; the last one is current.
+    pub value_schemas: Vec<Schema>,
+    /// Time to live in milliseconds, if any.
+    pub ttl_ms: Option<u64>,
+}
+
+impl VarHandle {
+    /// Index of the current value schema, recorded in every value written now.
+    pub fn schema_id(&self) -> u32 {
+        (self.value_schemas.len() - 1) as u32
+    }
+
+    /// The current value schema.
+    pub fn value_schema(&self) -> &Schema {
+        self.value_schemas
+            .last()
+            .expect("a variable has at least one schema")
+    }
+}
+
+/// Why a declaration was refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeclareError {
+    /// The schema text did not parse.
+    #[error("state variable `{name}`: invalid {what} schema `{ddl}`: {reason}")]
+    InvalidSchema {
+        /// Variable name.
+        name: String,
+        /// "value" or "key".
+        what: &'static str,
+        /// The DDL given.
+        ddl: String,
+        /// The parser's message.
+        reason: String,
+    },
+    /// The variable exists with another kind, key schema, or an incompatible value schema.
+    #[error("{0}")]
+    Incompatible(String),
+}
+
+/// All variables of one query, shared by the partitions' instances.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct Catalog {
+    vars: BTreeMap<String, VarDef>,
+    next_id: VarId,
+    /// Variables dropped by `delete-if-exists` and not yet committed.
+    #[serde(skip)]
+    dropped: Vec<VarId>,
+    /// Names declared or deleted since this catalog was loaded. Every partition runs
+    /// `init`, so a name another instance already handled this run must not be dropped
+    /// again (it may already have been re-declared).
+    #[serde(skip)]
+    touched: BTreeSet<String>,
+    #[serde(skip)]
+    dirty: bool,
+}
+
+impl Catalog {
+    /// Loads a persisted catalog.
+    pub fn from_json(bytes: &[u8]) -> Result<Catalog, serde_json::Error> {
+        serde_json::from_slice(bytes)
+    }
+
+    /// Serialises the catalog for the checkpoint.
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("catalog serialises")
+    }
+
+    /// Every variable, by name.
+    pub fn vars(&self) -> impl Iterator<Item = &VarDef> {
+        self.vars.values()
+    }
+
+    /// One variable by name.
+    pub fn get(&self, name: &str) -> Option<&VarDef> {
+        self.vars.get(name)
+    }
+
+    /// Whether anything changed since the last [`Catalog::take_changes`].
+    pub fn is_dirty(&self) -> bool {
+        self.dirty
+    }
+
+    /// Returns the variables dropped since the last call and clears the dirty flag. The
+    /// caller commits the drops and the serialised catalog together.
+    pub fn take_changes(&mut self) -> Vec<VarId> {
+        self.dirty = false;
+        std::mem::take(&mut self.dropped)
+    }
+
+    /// Declares a variable, creating it, reusing it, or evolving its value schema.
+    pub fn declare(
+        &mut self,
+        name: &str,
+        kind: VarKind,
+        key_ddl: Option<&str>,
+        value_ddl: &str,
+        ttl_ms: Option<u64>,
+    ) -> Result<Arc<VarHandle>, DeclareError> {
+        let parse = |what: &'static str, ddl: &str| {
+            Schema::parse_ddl(ddl).map_err(|e| DeclareError::InvalidSchema {
+                name: name.to_owned(),
+                what,
+                ddl: ddl.to_owned(),
+                reason: e.to_string(),
+            })
+        };
+        let value_schema = parse("value", value_ddl)?;
+        let key_schema = key_ddl.map(|k| parse("key", k)).transpose()?;
+        self.touched.insert(name.to_owned());
+
+        let Some(def) = self.vars.get_mut(name) else {
+            let def = VarDef {
+                id: self.next_id,
+                name: name.to_owned(),
+                kind,
+                key_schema: key_schema.as_ref().map(Schema::to_ddl),
+                value_schemas: vec![value_schema.to_ddl()],
+                ttl_ms,
+            };
+            self.next_id += 1;
+            self.dirty = true;
+            let handle = resolve(&def)?;
+            self.vars.insert(name.to_owned(), def);
+            return Ok(handle);
+        };
+
+        if def.kind != kind {
+            return Err(DeclareError::Incompatible(format!(
+                "state variable `{name}` is a {} in the checkpoint but is now declared as a {}; \
+                 call delete-if-exists(\"{name}\") in init to drop the old data first",
+                def.kind.describe(),
+                kind.describe()
+            )));
+        }
+        let new_key = key_schema.as_ref().map(Schema::to_ddl);
+        if def.key_schema != new_key {
+            return Err(DeclareError::Incompatible(format!(
+                "the user key schema of map state `{name}` cannot change: checkpoint has `{}`, \
+                 processor declares `{}`",
+                def.key_schema.as_deref().unwrap_or(""),
+                new_key.as_deref().unwrap_or("")
+            )));
+        }
+        if def.ttl_ms.is_none() && ttl_ms.is_some() {
+            return Err(DeclareError::Incompatible(format!(
+                "state variable `{name}` was created without TTL; adding a TTL to existing state \
+                 is not supported (declare a new variable instead)"
+            )));
+        }
+        if def.ttl_ms != ttl_ms {
+            def.ttl_ms = ttl_ms;
+            self.dirty = true;
+        }
+        let new_ddl = value_schema.to_ddl();
+        if def.value_schemas.last() != Some(&new_ddl) {
+            for old_ddl in &def.value_schemas {
+                let old = Schema::parse_ddl(old_ddl).map_err(|e| {
+                    DeclareError::Incompatible(format!(
+                        "stored schema `{old_ddl}` of `{name}` does not parse: {e}"
+                    ))
+                })?;
+                statebox_schema::check_evolution(&old, &value_schema).map_err(|e| {
+                    DeclareError::Incompatible(format!(
+                        "state variable `{name}`: new schema `{new_ddl}` is incompatible with \
+                         earlier schema `{old_ddl}`: {e}"
+                    ))
+                })?;
+            }
+            def.value_schemas.push(new_ddl);
+            self.dirty = true;
+        }
+        resolve(def)
+    }
+
+    /// Drops a variable's data for all keys, unless another instance already declared or
+    /// dropped this name during the current run.
+    pub fn delete_if_exists(&mut self, name: &str) {
+        if !self.touched.insert(name.to_owned()) {
+            return;
+        }
+        if let Some(def) = self.vars.remove(name) {
+            self.dropped.push(def.id);
+            self.dirty = true;
+        }
+    }
+}
+
+fn resolve(def: &VarDef) -> Result<Arc<VarHandle>, DeclareError> {
+    let parse = |ddl: &str| {
+        Schema::parse_ddl(ddl).map_err(|e| {
+            DeclareError::Incompatible(format!(
+                "stored schema `{ddl}` of `{}` does not parse: {e}",
+                def.name
+            ))
+        })
+    };
+    Ok(Arc::new(VarHandle {
+        id: def.id,
+        name: def.name.clone(),
+        kind: def.kind,
+        key_schema: def.key_schema.as_deref().map(parse).transpose()?,
+        value_schemas: def
+            .value_schemas
+            .iter()
+            .map(|d| parse(d))
+            .collect::<Result<_, _>>()?,
+        ttl_ms: def.ttl_ms,
+    }))
+}

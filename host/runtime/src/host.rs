@@ -1,0 +1,986 @@
+//! The host side of the WIT imports: state variables, timers and logging, each bound to
+//! the grouping key of the call in progress.
+
+use std::sync::Arc;
+
+use statebox_schema::{Schema, Strictness};
+use statebox_state::{PartitionTxn, StoreError, StoredValue};
+use wasmtime::component::{Resource, ResourceTable};
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use crate::bindings::statebox::processor::{handle, log, state, types};
+use crate::catalog::{DeclareError, VarHandle, VarKind};
+use crate::sandbox::{Limits, VirtualClock, VirtualRandom};
+use crate::{BatchTimes, InstanceConfig, TimeMode};
+use types::{ErrorKind, StateError};
+
+/// Largest page an iterator returns, whatever the guest asks for.
+const MAX_PAGE: u32 = 4096;
+/// How much of the guest's stderr is kept to explain a trap.
+const STDERR_CAPACITY: usize = 64 << 10;
+
+/// A value state variable as seen by one instance.
+pub struct ValueStateRes(Arc<VarHandle>);
+/// A list state variable as seen by one instance.
+pub struct ListStateRes(Arc<VarHandle>);
+/// A map state variable as seen by one instance.
+pub struct MapStateRes(Arc<VarHandle>);
+
+/// A lazy iterator over list elements, or map keys or values.
+pub struct JsonIteratorRes {
+    var: Arc<VarHandle>,
+    key: String,
+    generation: u64,
+    source: JsonSource,
+}
+
+enum JsonSource {
+    List { after: Option<u64> },
+    MapKeys { after: Option<Vec<u8>> },
+    MapValues { after: Option<Vec<u8>> },
+}
+
+/// A lazy iterator over map entries.
+pub struct MapIteratorRes {
+    var: Arc<VarHandle>,
+    key: String,
+    generation: u64,
+    after: Option<Vec<u8>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Between calls: nothing may be touched.
+    Idle,
+    /// Inside `init`: declarations only.
+    Init,
+    /// Inside a handler: state and timers of the current key.
+    Handler,
+    /// Inside `close`.
+    Close,
+}
+
+/// Denies memory growth past the instance's limit and remembers that it did, so the trap
+/// that usually follows (an allocation failure) can be explained.
+pub(crate) struct MemoryLimiter {
+    max: usize,
+    hit: bool,
+}
+
+impl wasmtime::ResourceLimiter for MemoryLimiter {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let ok = desired <= self.max;
+        self.hit |= !ok;
+        Ok(ok)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= 1 << 20)
+    }
+}
+
+/// Everything the imports of one instance can reach.
+pub struct HostState {
+    processor: String,
+    config: InstanceConfig,
+    pub(crate) limits: MemoryLimiter,
+    limits_config: Limits,
+    table: ResourceTable,
+    wasi: WasiCtx,
+    stderr: MemoryOutputPipe,
+    clock: VirtualClock,
+    random: VirtualRandom,
+    phase: Phase,
+    key: String,
+    txn: Option<PartitionTxn>,
+    times: Option<BatchTimes>,
+    /// Bumped on every call; iterators created in an earlier call are refused.
+    generation: u64,
+    /// A storage failure seen by an import; the import traps and the caller reports this.
+    internal_error: Option<StoreError>,
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl HostState {
+    pub(crate) fn new(
+        processor: String,
+        config: InstanceConfig,
+        limits: &Limits,
+        table: ResourceTable,
+    ) -> HostState {
+        let clock = VirtualClock::default();
+        let random = VirtualRandom::default();
+        let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
+        // Nothing is granted: no preopened directories, no environment, no network, no
+        // arguments, stdin closed. Clocks and randomness are virtual.
+        let wasi = WasiCtx::builder()
+            .stderr(stderr.clone())
+            .wall_clock(clock.clone())
+            .monotonic_clock(clock.clone())
+            .secure_random(random.clone())
+            .insecure_random(random.clone())
+            .insecure_random_seed(0)
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false)
+            .build();
+        HostState {
+            processor,
+            config,
+            limits: MemoryLimiter {
+                max: limits.memory_bytes,
+                hit: false,
+            },
+            limits_config: limits.clone(),
+            table,
+            wasi,
+            stderr,
+            clock,
+            random,
+            phase: Phase::Idle,
+            key: String::new(),
+            txn: None,
+            times: None,
+            generation: 0,
+            internal_error: None,
+        }
+    }
+
+    pub(crate) fn call_timeout(&self) -> std::time::Duration {
+        self.limits_config.call_timeout
+    }
+
+    pub(crate) fn deadline_ticks(&self) -> u64 {
+        self.limits_config.deadline_ticks()
+    }
+
+    pub(crate) fn output_limit(&self) -> usize {
+        self.limits_config.output_bytes_per_call
+    }
+
+    pub(crate) fn memory_limit(&self) -> usize {
+        self.limits.max
+    }
+
+    pub(crate) fn memory_limit_hit(&self) -> bool {
+        self.limits.hit
+    }
+
+    pub(crate) fn stderr_tail(&self) -> String {
+        let bytes = self.stderr.contents();
+        let text = String::from_utf8_lossy(&bytes);
+        let text = text.trim();
+        let start = text.len().saturating_sub(2000);
+        let start = (start..=text.len())
+            .find(|&i| text.is_char_boundary(i))
+            .unwrap_or(text.len());
+        text[start..].to_owned()
+    }
+
+    pub(crate) fn take_internal_error(&mut self) -> Option<StoreError> {
+        self.internal_error.take()
+    }
+
+    pub(crate) fn begin_init(&mut self) {
+        self.phase = Phase::Init;
+        self.generation += 1;
+    }
+
+    pub(crate) fn begin_close(&mut self) {
+        self.phase = Phase::Close;
+        self.generation += 1;
+    }
+
+    pub(crate) fn begin_batch(&mut self, txn: PartitionTxn, times: BatchTimes) {
+        self.txn = Some(txn);
+        self.times = Some(times);
+        self.clock.set_ms(times.batch_timestamp_ms);
+        let ttl_clock = self.ttl_clock(times);
+        if let Some(txn) = &mut self.txn {
+            txn.set_ttl_clock(ttl_clock);
+        }
+    }
+
+    pub(crate) fn end_batch(&mut self) -> Option<PartitionTxn> {
+        self.times = None;
+        self.txn.take()
+    }
+
+    pub(crate) fn begin_call(&mut self, key: &str) {
+        self.phase = Phase::Handler;
+        self.generation += 1;
+        key.clone_into(&mut self.key);
+        let batch_id = self.times.map_or(0, |t| t.batch_id);
+        self.random.reseed(batch_id, key);
+    }
+
+    pub(crate) fn end_call(&mut self) {
+        self.phase = Phase::Idle;
+    }
+
+    pub(crate) fn timer_values(&self) -> types::TimerValues {
+        let (ts, wm) = match (self.config.time_mode, self.times) {
+            (TimeMode::None, _) | (_, None) => (-1, -1),
+            (TimeMode::ProcessingTime, Some(t)) => (t.batch_timestamp_ms, -1),
+            (TimeMode::EventTime, Some(t)) => (t.batch_timestamp_ms, t.watermark_ms),
+        };
+        types::TimerValues {
+            current_processing_time_ms: ts,
+            current_watermark_ms: wm,
+        }
+    }
+
+    /// The clock TTL is measured against: the batch timestamp, or the watermark in
+    /// event-time mode (a Statebox extension).
+    fn ttl_clock(&self, times: BatchTimes) -> Option<i64> {
+        match self.config.time_mode {
+            TimeMode::None => None,
+            TimeMode::ProcessingTime => Some(times.batch_timestamp_ms),
+            TimeMode::EventTime => Some(times.watermark_ms),
+        }
+    }
+
+    fn expiry(&self, var: &VarHandle) -> Option<i64> {
+        let ttl = var.ttl_ms?;
+        let now = self.times.and_then(|t| self.ttl_clock(t))?;
+        Some(now.saturating_add(ttl as i64))
+    }
+
+    /// Checks the phase for a state or timer operation and returns the partition's
+    /// transaction and the current key.
+    fn access(&mut self, what: &str) -> Result<(&mut PartitionTxn, &str), StateError> {
+        if self.phase != Phase::Handler {
+            let phase = match self.phase {
+                Phase::Init => "init",
+                Phase::Close => "close",
+                _ => "between calls",
+            };
+            return Err(err(
+                ErrorKind::WrongPhase,
+                format!(
+                    "{what} is not allowed in {phase}; state and timers can be used only in the handle-* functions"
+                ),
+            ));
+        }
+        match self.txn.as_mut() {
+            Some(txn) => Ok((txn, &self.key)),
+            None => Err(err(
+                ErrorKind::WrongPhase,
+                format!("{what}: no batch is in progress"),
+            )),
+        }
+    }
+
+    /// Turns a storage failure into a trap, remembering it for the error report.
+    fn fail(&mut self, e: StoreError) -> wasmtime::Error {
+        let msg = e.to_string();
+        self.internal_error = Some(e);
+        wasmtime::Error::msg(msg)
+    }
+
+    fn value_payload(&self, var: &VarHandle, stored: StoredValue) -> Result<String, StateError> {
+        let payload = String::from_utf8(stored.payload).map_err(|_| {
+            err(
+                ErrorKind::SchemaMismatch,
+                format!("stored value of `{}` is not UTF-8", var.name),
+            )
+        })?;
+        let current = var.schema_id();
+        if stored.schema_id == current {
+            return Ok(payload);
+        }
+        let Some(old) = var.value_schemas.get(stored.schema_id as usize) else {
+            return Err(err(
+                ErrorKind::SchemaMismatch,
+                format!(
+                    "stored value of `{}` names unknown schema #{}",
+                    var.name, stored.schema_id
+                ),
+            ));
+        };
+        statebox_schema::evolve_json(old, var.value_schema(), &payload).map_err(|e| {
+            err(
+                ErrorKind::SchemaMismatch,
+                format!("cannot read old value of `{}`: {e}", var.name),
+            )
+        })
+    }
+
+    fn encode_value(
+        &self,
+        var: &VarHandle,
+        json: String,
+        what: &str,
+    ) -> Result<StoredValue, StateError> {
+        check_value(var.value_schema(), &json, &var.name, what)?;
+        Ok(StoredValue {
+            schema_id: var.schema_id(),
+            expires_at_ms: self.expiry(var),
+            payload: json.into_bytes(),
+        })
+    }
+
+    fn encode_values(
+        &self,
+        var: &VarHandle,
+        values: Vec<String>,
+    ) -> Result<Vec<StoredValue>, StateError> {
+        if values.is_empty() {
+            return Err(err(
+                ErrorKind::EmptyList,
+                format!(
+                    "list state `{}`: an empty list cannot be put or appended; use clear",
+                    var.name
+                ),
+            ));
+        }
+        values
+            .into_iter()
+            .map(|v| self.encode_value(var, v, "list element"))
+            .collect()
+    }
+
+    fn declare(
+        &mut self,
+        name: &str,
+        kind: VarKind,
+        key_ddl: Option<&str>,
+        value_ddl: &str,
+        ttl_ms: Option<u64>,
+    ) -> Result<Arc<VarHandle>, StateError> {
+        if self.phase != Phase::Init {
+            return Err(err(
+                ErrorKind::WrongPhase,
+                format!("state variable `{name}` must be declared in init"),
+            ));
+        }
+        if ttl_ms.is_some() && self.config.time_mode == TimeMode::None {
+            return Err(err(
+                ErrorKind::UnsupportedInTimeMode,
+                format!(
+                    "state variable `{name}` has a TTL, but TTL needs time mode processing-time or event-time (the query uses none)"
+                ),
+            ));
+        }
+        if ttl_ms == Some(0) {
+            return Err(err(
+                ErrorKind::InvalidUse,
+                format!("state variable `{name}`: TTL must be positive"),
+            ));
+        }
+        let mut catalog = self.config.catalog.lock().expect("catalog lock poisoned");
+        catalog
+            .declare(name, kind, key_ddl, value_ddl, ttl_ms)
+            .map_err(|e| match e {
+                DeclareError::InvalidSchema { .. } => err(ErrorKind::InvalidSchema, e.to_string()),
+                _ => err(ErrorKind::InvalidUse, e.to_string()),
+            })
+    }
+
+    fn iter_guard(&self, generation: u64) -> Result<(), StateError> {
+        if generation != self.generation || self.phase != Phase::Handler {
+            return Err(err(
+                ErrorKind::InvalidUse,
+                "an iterator can only be used during the call that created it".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn err(kind: ErrorKind, message: String) -> StateError {
+    StateError { kind, message }
+}
+
+fn check_value(schema: &Schema, json: &str, var: &str, what: &str) -> Result<(), StateError> {
+    if json.trim() == "null" {
+        return Err(err(
+            ErrorKind::NullElement,
+            format!("state variable `{var}`: a {what} cannot be null"),
+        ));
+    }
+    schema.validate(json, Strictness::Strict).map_err(|e| {
+        err(
+            ErrorKind::SchemaMismatch,
+            format!(
+                "state variable `{var}`: {what} does not match schema `{}`: {e}",
+                schema.to_ddl()
+            ),
+        )
+    })
+}
+
+fn user_key(var: &VarHandle, json: &str) -> Result<Vec<u8>, StateError> {
+    let schema = var.key_schema.as_ref().expect("map state has a key schema");
+    if json.trim() == "null" {
+        return Err(err(
+            ErrorKind::NullElement,
+            format!("map state `{}`: a user key cannot be null", var.name),
+        ));
+    }
+    schema
+        .canonicalize(json)
+        .map(String::into_bytes)
+        .map_err(|e| {
+            err(
+                ErrorKind::SchemaMismatch,
+                format!(
+                    "map state `{}`: user key does not match schema `{}`: {e}",
+                    var.name,
+                    schema.to_ddl()
+                ),
+            )
+        })
+}
+
+/// Runs a state operation; `Err(trap)` for storage failures, `Ok(Err(..))` for errors the
+/// guest sees.
+macro_rules! op {
+    ($self:ident, $what:expr, |$txn:ident, $key:ident| $body:expr) => {{
+        let ($txn, $key) = match $self.access($what) {
+            Ok(x) => x,
+            Err(e) => return Ok(Err(e)),
+        };
+        let key_bytes = $key.as_bytes().to_vec();
+        let $key = &key_bytes[..];
+        match $body {
+            Ok(v) => v,
+            Err(e) => return Err($self.fail(e)),
+        }
+    }};
+}
+
+impl types::Host for HostState {}
+
+impl log::Host for HostState {
+    fn log(&mut self, level: log::Level, message: String) -> wasmtime::Result<()> {
+        let p = &self.processor;
+        // Guest messages may contain tenant data: they go to the processor's own log target
+        // and are never mixed into the host's messages.
+        match level {
+            log::Level::Trace => {
+                tracing::trace!(target: "statebox::guest", processor = %p, "{message}")
+            }
+            log::Level::Debug => {
+                tracing::debug!(target: "statebox::guest", processor = %p, "{message}")
+            }
+            log::Level::Info => {
+                tracing::info!(target: "statebox::guest", processor = %p, "{message}")
+            }
+            log::Level::Warn => {
+                tracing::warn!(target: "statebox::guest", processor = %p, "{message}")
+            }
+            log::Level::Error => {
+                tracing::error!(target: "statebox::guest", processor = %p, "{message}")
+            }
+        }
+        Ok(())
+    }
+}
+
+impl handle::Host for HostState {
+    fn get_value_state(
+        &mut self,
+        name: String,
+        value_schema: String,
+        ttl_ms: Option<u64>,
+    ) -> wasmtime::Result<Result<Resource<ValueStateRes>, StateError>> {
+        Ok(
+            match self.declare(&name, VarKind::Value, None, &value_schema, ttl_ms) {
+                Ok(var) => Ok(self.table.push(ValueStateRes(var))?),
+                Err(e) => Err(e),
+            },
+        )
+    }
+
+    fn get_list_state(
+        &mut self,
+        name: String,
+        element_schema: String,
+        ttl_ms: Option<u64>,
+    ) -> wasmtime::Result<Result<Resource<ListStateRes>, StateError>> {
+        Ok(
+            match self.declare(&name, VarKind::List, None, &element_schema, ttl_ms) {
+                Ok(var) => Ok(self.table.push(ListStateRes(var))?),
+                Err(e) => Err(e),
+            },
+        )
+    }
+
+    fn get_map_state(
+        &mut self,
+        name: String,
+        user_key_schema: String,
+        value_schema: String,
+        ttl_ms: Option<u64>,
+    ) -> wasmtime::Result<Result<Resource<MapStateRes>, StateError>> {
+        Ok(
+            match self.declare(
+                &name,
+                VarKind::Map,
+                Some(&user_key_schema),
+                &value_schema,
+                ttl_ms,
+            ) {
+                Ok(var) => Ok(self.table.push(MapStateRes(var))?),
+                Err(e) => Err(e),
+            },
+        )
+    }
+
+    fn delete_if_exists(&mut self, name: String) -> wasmtime::Result<Result<(), StateError>> {
+        if self.phase != Phase::Init {
+            return Ok(Err(err(
+                ErrorKind::WrongPhase,
+                format!("delete-if-exists(\"{name}\") is allowed only in init"),
+            )));
+        }
+        self.config
+            .catalog
+            .lock()
+            .expect("catalog lock poisoned")
+            .delete_if_exists(&name);
+        Ok(Ok(()))
+    }
+
+    fn register_timer(&mut self, expiry_ms: i64) -> wasmtime::Result<Result<(), StateError>> {
+        if let Err(e) = self.timers_allowed("register-timer") {
+            return Ok(Err(e));
+        }
+        Ok(Ok(op!(self, "register-timer", |txn, key| txn
+            .timer_register(key, expiry_ms))))
+    }
+
+    fn delete_timer(&mut self, expiry_ms: i64) -> wasmtime::Result<Result<(), StateError>> {
+        if let Err(e) = self.timers_allowed("delete-timer") {
+            return Ok(Err(e));
+        }
+        Ok(Ok(op!(self, "delete-timer", |txn, key| txn
+            .timer_delete(key, expiry_ms))))
+    }
+
+    fn list_timers(&mut self) -> wasmtime::Result<Result<Vec<i64>, StateError>> {
+        if let Err(e) = self.timers_allowed("list-timers") {
+            return Ok(Err(e));
+        }
+        Ok(Ok(op!(self, "list-timers", |txn, key| txn.timer_list(key))))
+    }
+}
+
+impl HostState {
+    fn timers_allowed(&self, what: &str) -> Result<(), StateError> {
+        if self.config.time_mode == TimeMode::None {
+            return Err(err(
+                ErrorKind::UnsupportedInTimeMode,
+                format!(
+                    "{what}: timers are not allowed in time mode none; run the query with time mode processing-time or event-time"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn var<T: 'static>(&self, res: &Resource<T>) -> wasmtime::Result<&T> {
+        Ok(self.table.get(res)?)
+    }
+}
+
+impl state::Host for HostState {}
+
+impl state::HostValueState for HostState {
+    fn exists(
+        &mut self,
+        this: Resource<ValueStateRes>,
+    ) -> wasmtime::Result<Result<bool, StateError>> {
+        let var = self.var(&this)?.0.clone();
+        Ok(Ok(op!(self, "value-state.exists", |txn, key| txn
+            .value_get(var.id, key))
+        .is_some()))
+    }
+
+    fn get(
+        &mut self,
+        this: Resource<ValueStateRes>,
+    ) -> wasmtime::Result<Result<Option<String>, StateError>> {
+        let var = self.var(&this)?.0.clone();
+        let stored = op!(self, "value-state.get", |txn, key| txn
+            .value_get(var.id, key));
+        Ok(stored.map(|s| self.value_payload(&var, s)).transpose())
+    }
+
+    fn update(
+        &mut self,
+        this: Resource<ValueStateRes>,
+        value: String,
+    ) -> wasmtime::Result<Result<(), StateError>> {
+        let var = self.var(&this)?.0.clone();
+        let stored = match self.encode_value(&var, value, "value") {
+            Ok(v) => v,
+            Err(e) => return Ok(Err(e)),
+        };
+        Ok(Ok(op!(self, "value-state.update", |txn, key| txn
+            .value_put(var.id, key, stored))))
+    }
+
+    fn clear(&mut self, this: Resource<ValueStateRes>) -> wasmtime::Result<Result<(), StateError>> {
+        let var = self.var(&this)?.0.clone();
+        Ok(Ok(op!(self, "value-state.clear", |txn, key| txn
+            .value_delete(var.id, key))))
+    }
+
+    fn drop(&mut self, rep: Resource<ValueStateRes>) -> wasmtime::Result<()> {
+        self.table.delete(rep)?;
+        Ok(())
+    }
+}
+
+impl state::HostListState for HostState {
+    fn exists(
+        &mut self,
+        this: Resource<ListStateRes>,
+    ) -> wasmtime::Result<Result<bool, StateError>> {
+        let var = self.var(&this)?.0.clone();
+        Ok(Ok(op!(self, "list-state.exists", |txn, key| txn
+            .list_exists(var.id, key))))
+    }
+
+    fn get(
+        &mut self,
+        this: Resource<ListStateRes>,
+    ) -> wasmtime::Result<Result<Resource<JsonIteratorRes>, StateError>> {
+        let var = self.var(&this)?.0.clone();
+        if let Err(e) = self.access("list-state.get") {
+            return Ok(Err(e));
+        }
+        let it = JsonIteratorRes {
+            var,
+            key: self.key.clone(),
+            generation: self.generation,
+            source: JsonSource::List { after: None },
+        };
+        Ok(Ok(self.table.push(it)?))
+    }
+
+    fn put(
+        &mut self,
+        this: Resource<ListStateRes>,
+        values: Vec<String>,
+    ) -> wasmtime::Result<Result<(), StateError>> {
+        let var = self.var(&this)?.0.clone();
+        let values = match self.encode_values(&var, values) {
+            Ok(v) => v,
+            Err(e) => return Ok(Err(e)),
+        };
+        Ok(Ok(op!(self, "list-state.put", |txn, key| txn
+            .list_put(var.id, key, values))))
+    }
+
+    fn append_value(
+        &mut self,
+        this: Resource<ListStateRes>,
+        value: String,
+    ) -> wasmtime::Result<Result<(), StateError>> {
+        let var = self.var(&this)?.0.clone();
+        let values = match self.encode_values(&var, vec![value]) {
+            Ok(v) => v,
+            Err(e) => return Ok(Err(e)),
+        };
+        Ok(Ok(op!(self, "list-state.append-value", |txn, key| txn
+            .list_append(var.id, key, values))))
+    }
+
+    fn append_list(
+        &mut self,
+        this: Resource<ListStateRes>,
+        values: Vec<String>,
+    ) -> wasmtime::Result<Result<(), StateError>> {
+        let var = self.var(&this)?.0.clone();
+        let values = match self.encode_values(&var, values) {
+            Ok(v) => v,
+            Err(e) => return Ok(Err(e)),
+        };
+        Ok(Ok(op!(self, "list-state.append-list", |txn, key| txn
+            .list_append(var.id, key, values))))
+    }
+
+    fn clear(&mut self, this: Resource<ListStateRes>) -> wasmtime::Result<Result<(), StateError>> {
+        let var = self.var(&this)?.0.clone();
+        Ok(Ok(op!(self, "list-state.clear", |txn, key| txn
+            .list_clear(var.id, key))))
+    }
+
+    fn drop(&mut self, rep: Resource<ListStateRes>) -> wasmtime::Result<()> {
+        self.table.delete(rep)?;
+        Ok(())
+    }
+}
+
+impl state::HostMapState for HostState {
+    fn exists(
+        &mut self,
+        this: Resource<MapStateRes>,
+    ) -> wasmtime::Result<Result<bool, StateError>> {
+        let var = self.var(&this)?.0.clone();
+        Ok(Ok(op!(self, "map-state.exists", |txn, key| txn
+            .map_exists(var.id, key))))
+    }
+
+    fn get_value(
+        &mut self,
+        this: Resource<MapStateRes>,
+        user_key_json: String,
+    ) -> wasmtime::Result<Result<Option<String>, StateError>> {
+        let var = self.var(&this)?.0.clone();
+        let uk = match user_key(&var, &user_key_json) {
+            Ok(k) => k,
+            Err(e) => return Ok(Err(e)),
+        };
+        let stored = op!(self, "map-state.get-value", |txn, key| txn
+            .map_get(var.id, key, &uk));
+        Ok(stored.map(|s| self.value_payload(&var, s)).transpose())
+    }
+
+    fn contains_key(
+        &mut self,
+        this: Resource<MapStateRes>,
+        user_key_json: String,
+    ) -> wasmtime::Result<Result<bool, StateError>> {
+        let var = self.var(&this)?.0.clone();
+        let uk = match user_key(&var, &user_key_json) {
+            Ok(k) => k,
+            Err(e) => return Ok(Err(e)),
+        };
+        Ok(Ok(op!(self, "map-state.contains-key", |txn, key| txn
+            .map_get(var.id, key, &uk))
+        .is_some()))
+    }
+
+    fn update_value(
+        &mut self,
+        this: Resource<MapStateRes>,
+        user_key_json: String,
+        value: String,
+    ) -> wasmtime::Result<Result<(), StateError>> {
+        let var = self.var(&this)?.0.clone();
+        let uk = match user_key(&var, &user_key_json) {
+            Ok(k) => k,
+            Err(e) => return Ok(Err(e)),
+        };
+        let stored = match self.encode_value(&var, value, "map value") {
+            Ok(v) => v,
+            Err(e) => return Ok(Err(e)),
+        };
+        Ok(Ok(op!(self, "map-state.update-value", |txn, key| txn
+            .map_put(var.id, key, &uk, stored))))
+    }
+
+    fn remove_key(
+        &mut self,
+        this: Resource<MapStateRes>,
+        user_key_json: String,
+    ) -> wasmtime::Result<Result<(), StateError>> {
+        let var = self.var(&this)?.0.clone();
+        let uk = match user_key(&var, &user_key_json) {
+            Ok(k) => k,
+            Err(e) => return Ok(Err(e)),
+        };
+        Ok(Ok(op!(self, "map-state.remove-key", |txn, key| txn
+            .map_remove(var.id, key, &uk))))
+    }
+
+    fn iterator(
+        &mut self,
+        this: Resource<MapStateRes>,
+    ) -> wasmtime::Result<Result<Resource<MapIteratorRes>, StateError>> {
+        let var = self.var(&this)?.0.clone();
+        if let Err(e) = self.access("map-state.iterator") {
+            return Ok(Err(e));
+        }
+        let it = MapIteratorRes {
+            var,
+            key: self.key.clone(),
+            generation: self.generation,
+            after: None,
+        };
+        Ok(Ok(self.table.push(it)?))
+    }
+
+    fn keys(
+        &mut self,
+        this: Resource<MapStateRes>,
+    ) -> wasmtime::Result<Result<Resource<JsonIteratorRes>, StateError>> {
+        self.json_iter(this, "map-state.keys", JsonSource::MapKeys { after: None })
+    }
+
+    fn values(
+        &mut self,
+        this: Resource<MapStateRes>,
+    ) -> wasmtime::Result<Result<Resource<JsonIteratorRes>, StateError>> {
+        self.json_iter(
+            this,
+            "map-state.values",
+            JsonSource::MapValues { after: None },
+        )
+    }
+
+    fn clear(&mut self, this: Resource<MapStateRes>) -> wasmtime::Result<Result<(), StateError>> {
+        let var = self.var(&this)?.0.clone();
+        Ok(Ok(op!(self, "map-state.clear", |txn, key| txn
+            .map_clear(var.id, key))))
+    }
+
+    fn drop(&mut self, rep: Resource<MapStateRes>) -> wasmtime::Result<()> {
+        self.table.delete(rep)?;
+        Ok(())
+    }
+}
+
+impl HostState {
+    fn json_iter(
+        &mut self,
+        this: Resource<MapStateRes>,
+        what: &str,
+        source: JsonSource,
+    ) -> wasmtime::Result<Result<Resource<JsonIteratorRes>, StateError>> {
+        let var = self.var(&this)?.0.clone();
+        if let Err(e) = self.access(what) {
+            return Ok(Err(e));
+        }
+        let it = JsonIteratorRes {
+            var,
+            key: self.key.clone(),
+            generation: self.generation,
+            source,
+        };
+        Ok(Ok(self.table.push(it)?))
+    }
+}
+
+impl state::HostJsonIterator for HostState {
+    fn next_page(
+        &mut self,
+        this: Resource<JsonIteratorRes>,
+        max: u32,
+    ) -> wasmtime::Result<Result<Vec<String>, StateError>> {
+        let max = max.clamp(1, MAX_PAGE) as usize;
+        let it = self.table.get(&this)?;
+        if let Err(e) = self.iter_guard(it.generation) {
+            return Ok(Err(e));
+        }
+        let var = it.var.clone();
+        let key = it.key.clone();
+        let txn = self.txn.as_ref().expect("handler phase has a transaction");
+        let mut out = Vec::new();
+        match &it.source {
+            JsonSource::List { after } => {
+                let page = match txn.list_page(var.id, key.as_bytes(), *after, max) {
+                    Ok(p) => p,
+                    Err(e) => return Err(self.fail(e)),
+                };
+                let last = page.last().map(|(seq, _)| *seq);
+                for (_, v) in page {
+                    match self.value_payload(&var, v) {
+                        Ok(p) => out.push(p),
+                        Err(e) => return Ok(Err(e)),
+                    }
+                }
+                if let Some(last) = last {
+                    self.table.get_mut(&this)?.source = JsonSource::List { after: Some(last) };
+                }
+            }
+            JsonSource::MapKeys { after } | JsonSource::MapValues { after } => {
+                let keys_only = matches!(it.source, JsonSource::MapKeys { .. });
+                let page = match txn.map_page(var.id, key.as_bytes(), after.as_deref(), max) {
+                    Ok(p) => p,
+                    Err(e) => return Err(self.fail(e)),
+                };
+                let last = page.last().map(|(k, _)| k.clone());
+                for (k, v) in page {
+                    if keys_only {
+                        out.push(String::from_utf8_lossy(&k).into_owned());
+                    } else {
+                        match self.value_payload(&var, v) {
+                            Ok(p) => out.push(p),
+                            Err(e) => return Ok(Err(e)),
+                        }
+                    }
+                }
+                if let Some(last) = last {
+                    let source = if keys_only {
+                        JsonSource::MapKeys { after: Some(last) }
+                    } else {
+                        JsonSource::MapValues { after: Some(last) }
+                    };
+                    self.table.get_mut(&this)?.source = source;
+                }
+            }
+        }
+        Ok(Ok(out))
+    }
+
+    fn drop(&mut self, rep: Resource<JsonIteratorRes>) -> wasmtime::Result<()> {
+        self.table.delete(rep)?;
+        Ok(())
+    }
+}
+
+impl state::HostMapIterator for HostState {
+    fn next_page(
+        &mut self,
+        this: Resource<MapIteratorRes>,
+        max: u32,
+    ) -> wasmtime::Result<Result<Vec<state::MapEntry>, StateError>> {
+        let max = max.clamp(1, MAX_PAGE) as usize;
+        let it = self.table.get(&this)?;
+        if let Err(e) = self.iter_guard(it.generation) {
+            return Ok(Err(e));
+        }
+        let var = it.var.clone();
+        let key = it.key.clone();
+        let after = it.after.clone();
+        let txn = self.txn.as_ref().expect("handler phase has a transaction");
+        let page = match txn.map_page(var.id, key.as_bytes(), after.as_deref(), max) {
+            Ok(p) => p,
+            Err(e) => return Err(self.fail(e)),
+        };
+        let last = page.last().map(|(k, _)| k.clone());
+        let mut out = Vec::with_capacity(page.len());
+        for (k, v) in page {
+            match self.value_payload(&var, v) {
+                Ok(value) => out.push(state::MapEntry {
+                    key: String::from_utf8_lossy(&k).into_owned(),
+                    value,
+                }),
+                Err(e) => return Ok(Err(e)),
+            }
+        }
+        if last.is_some() {
+            self.table.get_mut(&this)?.after = last;
+        }
+        Ok(Ok(out))
+    }
+
+    fn drop(&mut self, rep: Resource<MapIteratorRes>) -> wasmtime::Result<()> {
+        self.table.delete(rep)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,578 @@
+//! The Statebox runtime: runs stateful processor components in a wasmtime sandbox.
+//!
+//! A [`Runtime`] owns the wasmtime engine and a cache of compiled components. Loading a
+//! component gives a [`Processor`]: checked against the `stateful-processor` world and
+//! described (name, schemas). A processor is instantiated once per state partition into an
+//! [`Instance`], which the engine drives batch by batch: it lends the instance the
+//! partition's [`PartitionTxn`], calls the handlers key by key, and takes the transaction
+//! back to commit it.
+//!
+//! Architecture Invariant: every state and timer import acts on the key of the call in
+//! progress, which only the host sets. The guest never names a key, so per-key isolation
+//! holds whatever the guest does.
+
+mod bindings;
+pub mod catalog;
+mod host;
+mod sandbox;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use statebox_schema::Schema;
+use statebox_state::{Partition, PartitionTxn, StoreError};
+use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
+use wasmtime::{Engine, Store};
+
+use crate::bindings::exports::statebox::processor::processor as guest;
+pub use crate::bindings::statebox::processor::types::TimeMode;
+use crate::bindings::{StatefulProcessor, StatefulProcessorPre};
+use crate::catalog::Catalog;
+use crate::host::HostState;
+pub use crate::sandbox::Limits;
+
+/// The fully qualified name of the world every processor must implement.
+pub const WORLD: &str = "statebox:processor/stateful-processor@0.1.0";
+
+/// Failures to load a processor component: the tenant's file is at fault.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadError {
+    /// The file could not be read.
+    #[error("cannot read processor {path}: {source}")]
+    Read {
+        /// The path given.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// Not a WebAssembly component, or not one that implements the world.
+    #[error("invalid processor component: {0}")]
+    Invalid(String),
+    /// The processor's `describe` trapped or returned unusable schemas.
+    #[error("processor `describe` failed: {0}")]
+    Describe(String),
+}
+
+/// Which export of the processor was being called.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Function {
+    /// `init`.
+    Init,
+    /// `handle-input-rows`.
+    HandleInputRows,
+    /// `handle-expired-timer`.
+    HandleExpiredTimer,
+    /// `handle-initial-state`.
+    HandleInitialState,
+    /// `close`.
+    Close,
+}
+
+impl fmt::Display for Function {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Function::Init => "init",
+            Function::HandleInputRows => "handle-input-rows",
+            Function::HandleExpiredTimer => "handle-expired-timer",
+            Function::HandleInitialState => "handle-initial-state",
+            Function::Close => "close",
+        })
+    }
+}
+
+/// Why a processor call failed. Everything but [`CallErrorKind::Internal`] is the
+/// processor's (tenant's) fault; the batch fails and commits nothing either way.
+#[derive(Debug, thiserror::Error)]
+#[error("processor `{processor}` failed in {function}{}: {kind}", key.as_ref().map(|k| format!(" for key {k}")).unwrap_or_default())]
+pub struct CallError {
+    /// The processor's name.
+    pub processor: String,
+    /// The export being called.
+    pub function: Function,
+    /// The grouping key of the call (JSON), if the call had one.
+    pub key: Option<String>,
+    /// What went wrong.
+    pub kind: CallErrorKind,
+}
+
+/// The cause of a [`CallError`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CallErrorKind {
+    /// The guest trapped or hit a sandbox limit (CPU deadline, memory). The instance is
+    /// poisoned and must be replaced.
+    #[error("trapped: {0}")]
+    Trap(String),
+    /// The guest returned an error.
+    #[error("{0}")]
+    Failed(String),
+    /// The guest rejected input row `index` of the call.
+    #[error("input row {index} rejected: {message}")]
+    BadInputRow {
+        /// Index within the rows passed to the call.
+        index: u32,
+        /// The guest's message.
+        message: String,
+    },
+    /// The guest emitted a row that does not match its output schema, or too much output.
+    #[error("bad output: {0}")]
+    BadOutput(String),
+    /// The host's state store failed; not the processor's fault.
+    #[error("internal state store error: {0}")]
+    Internal(#[from] StoreError),
+}
+
+impl CallError {
+    /// Whether the instance can no longer be used (it trapped).
+    pub fn poisons_instance(&self) -> bool {
+        matches!(
+            self.kind,
+            CallErrorKind::Trap(_) | CallErrorKind::Internal(_)
+        )
+    }
+}
+
+/// Settings of a [`Runtime`].
+#[derive(Clone, Debug, Default)]
+pub struct RuntimeConfig {
+    /// Where compiled components are cached by content hash; `None` disables the disk cache.
+    pub cache_dir: Option<PathBuf>,
+    /// Sandbox limits applied to every call.
+    pub limits: Limits,
+}
+
+/// The wasmtime engine, the linker with the host imports, and the compiled-component cache.
+pub struct Runtime {
+    engine: Engine,
+    linker: Linker<HostState>,
+    config: RuntimeConfig,
+    _ticker: sandbox::EpochTicker,
+}
+
+impl Runtime {
+    /// Creates a runtime. Starts one background thread that advances the epoch used for
+    /// CPU deadlines.
+    pub fn new(config: RuntimeConfig) -> anyhow::Result<Runtime> {
+        let engine = sandbox::engine()?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
+        StatefulProcessor::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
+        let ticker = sandbox::EpochTicker::start(engine.clone());
+        Ok(Runtime {
+            engine,
+            linker,
+            config,
+            _ticker: ticker,
+        })
+    }
+
+    /// The limits every call runs under.
+    pub fn limits(&self) -> &Limits {
+        &self.config.limits
+    }
+
+    /// Loads a processor from a `.wasm` file.
+    pub fn load_file(&self, path: &Path) -> Result<Processor, LoadError> {
+        let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        self.load(&bytes)
+    }
+
+    /// Compiles (or fetches from the cache), checks and describes a processor component.
+    pub fn load(&self, bytes: &[u8]) -> Result<Processor, LoadError> {
+        sandbox::check_component_header(bytes).map_err(LoadError::Invalid)?;
+        let hash = blake3::hash(bytes).to_hex().to_string();
+        let component = self.compile_cached(bytes, &hash)?;
+        let instance_pre = self.linker.instantiate_pre(&component).map_err(|e| {
+            LoadError::Invalid(format!(
+                "it imports something the Statebox host does not provide \
+                 (processors may import only world {WORLD} and WASI): {e:#}"
+            ))
+        })?;
+        let pre = StatefulProcessorPre::new(instance_pre).map_err(|e| {
+            LoadError::Invalid(format!("it does not implement world {WORLD}: {e:#}"))
+        })?;
+        let mut processor = Processor {
+            pre,
+            hash,
+            info: Arc::new(ProcessorInfo::placeholder()),
+            limits: self.config.limits.clone(),
+        };
+        processor.info = Arc::new(processor.describe()?);
+        Ok(processor)
+    }
+
+    fn compile_cached(&self, bytes: &[u8], hash: &str) -> Result<Component, LoadError> {
+        let cached = self
+            .config
+            .cache_dir
+            .as_ref()
+            .map(|dir| dir.join(format!("{hash}.cwasm")));
+        if let Some(path) = &cached {
+            if path.exists() {
+                // SAFETY: the cache directory holds only artifacts this host compiled itself
+                // (written below under the content hash of the source); wasmtime checks that
+                // the artifact matches this engine's version and configuration.
+                match unsafe { Component::deserialize_file(&self.engine, path) } {
+                    Ok(c) => return Ok(c),
+                    Err(e) => tracing::warn!(error = %e, "ignoring unusable cached component"),
+                }
+            }
+        }
+        let component = Component::new(&self.engine, bytes)
+            .map_err(|e| LoadError::Invalid(format!("{e:#}")))?;
+        if let Some(path) = &cached {
+            if let Err(e) = write_cache(path, &component) {
+                tracing::warn!(error = %e, "could not cache compiled component");
+            }
+        }
+        Ok(component)
+    }
+}
+
+fn write_cache(path: &Path, component: &Component) -> anyhow::Result<()> {
+    let dir = path.parent().expect("cache path has a parent");
+    std::fs::create_dir_all(dir)?;
+    let tmp = tempfile_in(dir)?;
+    std::fs::write(&tmp, component.serialize()?)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+fn tempfile_in(dir: &Path) -> std::io::Result<PathBuf> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    Ok(dir.join(format!(".tmp-{}-{nanos}", std::process::id())))
+}
+
+/// What a processor declared about itself, with its schemas parsed.
+#[derive(Debug, Clone)]
+pub struct ProcessorInfo {
+    /// The processor's name.
+    pub name: String,
+    /// Schema of emitted rows.
+    pub output_schema: Schema,
+    /// Schema input rows are checked against, if declared.
+    pub input_schema: Option<Schema>,
+    /// The output column holding event time, if declared.
+    pub output_event_time_column: Option<String>,
+}
+
+impl ProcessorInfo {
+    fn placeholder() -> ProcessorInfo {
+        ProcessorInfo {
+            name: String::new(),
+            output_schema: Schema::parse_ddl("string").expect("valid DDL"),
+            input_schema: None,
+            output_event_time_column: None,
+        }
+    }
+}
+
+/// A compiled, checked processor component, ready to instantiate.
+#[derive(Clone)]
+pub struct Processor {
+    pre: StatefulProcessorPre<HostState>,
+    hash: String,
+    info: Arc<ProcessorInfo>,
+    limits: Limits,
+}
+
+/// What an instance needs to know about the query it serves.
+#[derive(Clone)]
+pub struct InstanceConfig {
+    /// The query's time mode.
+    pub time_mode: TimeMode,
+    /// The query's state variables, shared by all partitions' instances.
+    pub catalog: Arc<Mutex<Catalog>>,
+    /// The state partition this instance serves.
+    pub partition: Partition,
+}
+
+impl Processor {
+    /// What the processor declared about itself.
+    pub fn info(&self) -> &ProcessorInfo {
+        &self.info
+    }
+
+    /// The content hash (BLAKE3, hex) of the component.
+    pub fn hash(&self) -> &str {
+        &self.hash
+    }
+
+    fn describe(&self) -> Result<ProcessorInfo, LoadError> {
+        let config = InstanceConfig {
+            time_mode: TimeMode::None,
+            catalog: Arc::new(Mutex::new(Catalog::default())),
+            partition: 0,
+        };
+        let (mut store, bindings) = self
+            .new_store(&config)
+            .map_err(|e| LoadError::Describe(format!("{e:#}")))?;
+        store.set_epoch_deadline(self.limits.deadline_ticks());
+        let raw = bindings
+            .statebox_processor_processor()
+            .call_describe(&mut store)
+            .map_err(|e| LoadError::Describe(sandbox::describe_trap(&e, &store)))?;
+        let parse = |what: &str, ddl: &str| {
+            Schema::parse_ddl(ddl)
+                .map_err(|e| LoadError::Describe(format!("invalid {what} schema `{ddl}`: {e}")))
+        };
+        Ok(ProcessorInfo {
+            output_schema: parse("output", &raw.output_schema)?,
+            input_schema: raw
+                .input_schema
+                .as_deref()
+                .map(|s| parse("input", s))
+                .transpose()?,
+            output_event_time_column: raw.output_event_time_column,
+            name: raw.name,
+        })
+    }
+
+    fn new_store(
+        &self,
+        config: &InstanceConfig,
+    ) -> anyhow::Result<(Store<HostState>, StatefulProcessor)> {
+        let engine = self.pre.engine();
+        let host = HostState::new(
+            self.info.name.clone(),
+            config.clone(),
+            &self.limits,
+            ResourceTable::new(),
+        );
+        let mut store = Store::new(engine, host);
+        store.limiter(|s| &mut s.limits);
+        store.epoch_deadline_trap();
+        store.set_epoch_deadline(self.limits.deadline_ticks());
+        let bindings = self.pre.instantiate(&mut store)?;
+        Ok((store, bindings))
+    }
+
+    /// Instantiates the processor for one partition and runs its `init`.
+    pub fn instantiate(&self, config: InstanceConfig) -> Result<Instance, CallError> {
+        let err = |kind| CallError {
+            processor: self.info.name.clone(),
+            function: Function::Init,
+            key: None,
+            kind,
+        };
+        let (store, bindings) = self
+            .new_store(&config)
+            .map_err(|e| err(CallErrorKind::Trap(format!("instantiation failed: {e:#}"))))?;
+        let mut instance = Instance {
+            store,
+            bindings,
+            info: self.info.clone(),
+            poisoned: false,
+        };
+        instance.store.data_mut().begin_init();
+        let time_mode = config.time_mode;
+        let result = instance.call(Function::Init, None, |b, s| {
+            b.statebox_processor_processor().call_init(s, time_mode)
+        });
+        instance.store.data_mut().end_call();
+        result?;
+        Ok(instance)
+    }
+}
+
+/// The times and identity of the batch being run.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchTimes {
+    /// Batch id, used to seed the guest's virtual randomness.
+    pub batch_id: u64,
+    /// The batch timestamp (ms since the epoch), recorded with the batch for replay.
+    pub batch_timestamp_ms: i64,
+    /// The watermark for this batch; -1 when not in event-time mode.
+    pub watermark_ms: i64,
+}
+
+/// A live processor instance serving one partition.
+pub struct Instance {
+    store: Store<HostState>,
+    bindings: StatefulProcessor,
+    info: Arc<ProcessorInfo>,
+    poisoned: bool,
+}
+
+impl Instance {
+    /// Whether a trap made this instance unusable; the engine must instantiate a new one.
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned
+    }
+
+    /// Lends the instance the partition's transaction for a batch.
+    pub fn begin_batch(&mut self, txn: PartitionTxn, times: BatchTimes) {
+        self.store.data_mut().begin_batch(txn, times);
+    }
+
+    /// Takes the partition's transaction back at the end of a batch.
+    pub fn end_batch(&mut self) -> Option<PartitionTxn> {
+        self.store.data_mut().end_batch()
+    }
+
+    /// Calls `handle-input-rows` for one key. Returns the emitted rows, checked against the
+    /// output schema.
+    pub fn handle_input_rows(
+        &mut self,
+        key: &str,
+        rows: &[String],
+    ) -> Result<Vec<String>, CallError> {
+        self.store.data_mut().begin_call(key);
+        let tv = self.store.data().timer_values();
+        let key_owned = key.to_owned();
+        let result = self.call(Function::HandleInputRows, Some(key), |b, s| {
+            b.statebox_processor_processor()
+                .call_handle_input_rows(s, &key_owned, rows, tv)
+        });
+        self.finish_call(Function::HandleInputRows, key, result)
+    }
+
+    /// Calls `handle-expired-timer` for one key and timer.
+    pub fn handle_expired_timer(
+        &mut self,
+        key: &str,
+        expiry_ms: i64,
+    ) -> Result<Vec<String>, CallError> {
+        self.store.data_mut().begin_call(key);
+        let tv = self.store.data().timer_values();
+        let key_owned = key.to_owned();
+        let info = guest::ExpiredTimerInfo {
+            expiry_time_ms: expiry_ms,
+        };
+        let result = self.call(Function::HandleExpiredTimer, Some(key), |b, s| {
+            b.statebox_processor_processor()
+                .call_handle_expired_timer(s, &key_owned, tv, info)
+        });
+        self.finish_call(Function::HandleExpiredTimer, key, result)
+    }
+
+    /// Calls `handle-initial-state` for one key and initial-state row.
+    pub fn handle_initial_state(&mut self, key: &str, row: &str) -> Result<(), CallError> {
+        self.store.data_mut().begin_call(key);
+        let tv = self.store.data().timer_values();
+        let (key_owned, row_owned) = (key.to_owned(), row.to_owned());
+        let result = self.call(Function::HandleInitialState, Some(key), |b, s| {
+            b.statebox_processor_processor()
+                .call_handle_initial_state(s, &key_owned, &row_owned, tv)
+        });
+        self.store.data_mut().end_call();
+        result.map(|_| ())
+    }
+
+    /// Calls `close`. Errors are returned but the instance is gone either way.
+    pub fn close(mut self) -> Result<(), CallError> {
+        if self.poisoned {
+            return Ok(());
+        }
+        self.store.data_mut().begin_close();
+        let result = self.call(Function::Close, None, |b, s| {
+            b.statebox_processor_processor().call_close(s)
+        });
+        self.store.data_mut().end_call();
+        result
+    }
+
+    fn finish_call(
+        &mut self,
+        function: Function,
+        key: &str,
+        result: Result<Vec<String>, CallError>,
+    ) -> Result<Vec<String>, CallError> {
+        self.store.data_mut().end_call();
+        let rows = result?;
+        let limit = self.store.data().output_limit();
+        let mut bytes = 0usize;
+        for row in &rows {
+            bytes += row.len();
+            if bytes > limit {
+                return Err(self.error(
+                    function,
+                    Some(key),
+                    CallErrorKind::BadOutput(format!(
+                        "the call emitted more than the output limit of {limit} bytes"
+                    )),
+                ));
+            }
+            if let Err(e) = self
+                .info
+                .output_schema
+                .validate(row, statebox_schema::Strictness::Strict)
+            {
+                return Err(self.error(
+                    function,
+                    Some(key),
+                    CallErrorKind::BadOutput(format!(
+                        "emitted row does not match the output schema `{}`: {e}",
+                        self.info.output_schema.to_ddl()
+                    )),
+                ));
+            }
+        }
+        Ok(rows)
+    }
+
+    fn error(&self, function: Function, key: Option<&str>, kind: CallErrorKind) -> CallError {
+        CallError {
+            processor: self.info.name.clone(),
+            function,
+            key: key.map(str::to_owned),
+            kind,
+        }
+    }
+
+    /// Runs one export call under the CPU deadline and turns every failure into a
+    /// [`CallError`].
+    fn call<T>(
+        &mut self,
+        function: Function,
+        key: Option<&str>,
+        f: impl FnOnce(
+            &StatefulProcessor,
+            &mut Store<HostState>,
+        ) -> wasmtime::Result<Result<T, guest::ProcessorError>>,
+    ) -> Result<T, CallError> {
+        if self.poisoned {
+            return Err(self.error(
+                function,
+                key,
+                CallErrorKind::Trap("the instance trapped earlier and cannot be used".into()),
+            ));
+        }
+        let ticks = self.store.data().deadline_ticks();
+        self.store.set_epoch_deadline(ticks);
+        match f(&self.bindings, &mut self.store) {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(guest::ProcessorError::Failed(msg))) => {
+                Err(self.error(function, key, CallErrorKind::Failed(msg)))
+            }
+            Ok(Err(guest::ProcessorError::BadInputRow(row))) => Err(self.error(
+                function,
+                key,
+                CallErrorKind::BadInputRow {
+                    index: row.index,
+                    message: row.message,
+                },
+            )),
+            Err(trap) => {
+                self.poisoned = true;
+                let kind = match self.store.data_mut().take_internal_error() {
+                    Some(e) => CallErrorKind::Internal(e),
+                    None => CallErrorKind::Trap(sandbox::describe_trap(&trap, &self.store)),
+                };
+                Err(self.error(function, key, kind))
+            }
+        }
+    }
+}
+
+/// How long the epoch ticker sleeps between ticks; the CPU deadline is measured in ticks.
+pub const EPOCH_TICK: Duration = Duration::from_millis(5);

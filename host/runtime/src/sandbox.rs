@@ -1,0 +1,236 @@
+//! The sandbox: engine configuration, per-call limits, the epoch ticker behind CPU
+//! deadlines, and the virtual clock and randomness that make replays deterministic.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use wasmtime::{Engine, Store, Trap};
+
+use crate::EPOCH_TICK;
+use crate::host::HostState;
+
+/// Sandbox limits applied to every processor call.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Wall-clock CPU budget of one call (enforced by epoch interruption).
+    pub call_timeout: Duration,
+    /// Maximum linear memory of one instance, in bytes.
+    pub memory_bytes: usize,
+    /// Maximum total size of the rows one call may emit, in bytes.
+    pub output_bytes_per_call: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            call_timeout: Duration::from_secs(10),
+            memory_bytes: 256 << 20,
+            output_bytes_per_call: 16 << 20,
+        }
+    }
+}
+
+impl Limits {
+    /// The CPU deadline in epoch ticks.
+    pub(crate) fn deadline_ticks(&self) -> u64 {
+        (self.call_timeout.as_millis() / EPOCH_TICK.as_millis()).max(1) as u64
+    }
+}
+
+/// The wasmtime engine every processor runs on.
+pub(crate) fn engine() -> anyhow::Result<Engine> {
+    let mut config = wasmtime::Config::new();
+    config.wasm_component_model(true);
+    config.epoch_interruption(true);
+    config.cranelift_opt_level(wasmtime::OptLevel::Speed);
+    // Deep guest recursion must trap, not overflow the host's stack.
+    config.max_wasm_stack(1 << 20);
+    Ok(Engine::new(&config)?)
+}
+
+/// Advances the engine's epoch every [`EPOCH_TICK`] so calls past their deadline trap.
+pub(crate) struct EpochTicker {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EpochTicker {
+    pub(crate) fn start(engine: Engine) -> EpochTicker {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("statebox-epoch".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    std::thread::sleep(EPOCH_TICK);
+                    engine.increment_epoch();
+                }
+            })
+            .expect("spawn epoch ticker thread");
+        EpochTicker {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for EpochTicker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Rejects files that are not WebAssembly components before handing them to the compiler,
+/// with a message that says what the file is instead.
+pub(crate) fn check_component_header(bytes: &[u8]) -> Result<(), String> {
+    const MAGIC: &[u8] = b"\0asm";
+    if bytes.len() < 8 || &bytes[..4] != MAGIC {
+        return Err("the file is not WebAssembly (no `\\0asm` header)".into());
+    }
+    match bytes[4..8] {
+        [0x01, 0x00, 0x00, 0x00] => Err("the file is a core WebAssembly module, not a component; \
+             build it for the `wasm32-wasip2` target (or wrap it with `wasm-tools component new`)"
+            .into()),
+        [_, _, 0x01, 0x00] => Ok(()),
+        _ => Err("the file has an unknown WebAssembly version or layer".into()),
+    }
+}
+
+/// Explains a trap: limit violations in plain words, plus the tail of the guest's stderr
+/// (where a Rust guest prints its panic message).
+pub(crate) fn describe_trap(err: &wasmtime::Error, store: &Store<HostState>) -> String {
+    let host = store.data();
+    let mut reason = match err.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) => format!(
+            "exceeded the CPU time limit of {:?} per call",
+            host.call_timeout()
+        ),
+        Some(Trap::StackOverflow) => "stack overflow (recursion too deep)".to_owned(),
+        _ => format!("{err:#}"),
+    };
+    if host.memory_limit_hit() {
+        reason.push_str(&format!(
+            " (the instance reached its memory limit of {} bytes)",
+            host.memory_limit()
+        ));
+    }
+    let stderr = host.stderr_tail();
+    if !stderr.is_empty() {
+        reason.push_str("; guest stderr: ");
+        reason.push_str(&stderr);
+    }
+    reason
+}
+
+/// The guest's wall and monotonic clock: the batch timestamp, never the host's real time,
+/// so a replayed batch sees exactly what the first run saw.
+#[derive(Clone, Default)]
+pub(crate) struct VirtualClock(Arc<AtomicI64>);
+
+impl VirtualClock {
+    pub(crate) fn set_ms(&self, ms: i64) {
+        self.0.store(ms.max(0), Ordering::Relaxed);
+    }
+}
+
+impl wasmtime_wasi::HostWallClock for VirtualClock {
+    fn resolution(&self) -> Duration {
+        Duration::from_millis(1)
+    }
+    fn now(&self) -> Duration {
+        Duration::from_millis(self.0.load(Ordering::Relaxed) as u64)
+    }
+}
+
+impl wasmtime_wasi::HostMonotonicClock for VirtualClock {
+    fn resolution(&self) -> u64 {
+        1_000_000
+    }
+    fn now(&self) -> u64 {
+        (self.0.load(Ordering::Relaxed) as u64).saturating_mul(1_000_000)
+    }
+}
+
+/// The guest's randomness: a SplitMix64 stream reseeded from (batch, key) before every
+/// call, so replays are deterministic and keys do not share a stream.
+#[derive(Clone, Default)]
+pub(crate) struct VirtualRandom(Arc<AtomicU64>);
+
+impl VirtualRandom {
+    pub(crate) fn reseed(&self, batch_id: u64, key: &str) {
+        let seed = blake3::Hasher::new()
+            .update(&batch_id.to_le_bytes())
+            .update(key.as_bytes())
+            .finalize();
+        let bytes: [u8; 8] = seed.as_bytes()[..8].try_into().expect("8 bytes");
+        self.0.store(u64::from_le_bytes(bytes), Ordering::Relaxed);
+    }
+
+    fn next(&self) -> u64 {
+        let mut z = self
+            .0
+            .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+            .wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+impl rand_core::TryRng for VirtualRandom {
+    type Error = Infallible;
+    fn try_next_u32(&mut self) -> Result<u32, Infallible> {
+        Ok(self.next() as u32)
+    }
+    fn try_next_u64(&mut self) -> Result<u64, Infallible> {
+        Ok(self.next())
+    }
+    fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Infallible> {
+        for chunk in dst.chunks_mut(8) {
+            let v = self.next().to_le_bytes();
+            chunk.copy_from_slice(&v[..chunk.len()]);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_check_names_what_the_file_is() {
+        assert!(
+            check_component_header(b"hello world")
+                .unwrap_err()
+                .contains("not WebAssembly")
+        );
+        let module = b"\0asm\x01\0\0\0";
+        assert!(
+            check_component_header(module)
+                .unwrap_err()
+                .contains("core WebAssembly module")
+        );
+        let component = b"\0asm\x0d\0\x01\0";
+        assert!(check_component_header(component).is_ok());
+    }
+
+    #[test]
+    fn virtual_random_is_deterministic_per_batch_and_key() {
+        let a = VirtualRandom::default();
+        a.reseed(7, "[\"k\"]");
+        let first: Vec<u64> = (0..4).map(|_| a.next()).collect();
+        a.reseed(7, "[\"k\"]");
+        let again: Vec<u64> = (0..4).map(|_| a.next()).collect();
+        a.reseed(7, "[\"other\"]");
+        let other: Vec<u64> = (0..4).map(|_| a.next()).collect();
+        assert_eq!(first, again);
+        assert_ne!(first, other);
+    }
+}

@@ -1,0 +1,753 @@
+//! The conformance suite: every `Checkpoint` / `PartitionTxn` behaviour, run against every
+//! backend by the `conformance!` macro at the bottom.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::engine::{GetFn, KvEngine, ScanFn, WriteBatch};
+use crate::{Checkpoint, Commit, PartitionTxn, StoreError, StoredValue, keys};
+
+/// A checkpoint on one backend, reopenable to check durability.
+struct Fixture {
+    dir: Option<tempfile::TempDir>,
+    cp: Option<Checkpoint>,
+}
+
+impl Fixture {
+    fn mem() -> Self {
+        Self {
+            dir: None,
+            cp: Some(Checkpoint::in_memory()),
+        }
+    }
+
+    fn rocks() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = Checkpoint::open(dir.path()).unwrap();
+        Self {
+            dir: Some(dir),
+            cp: Some(cp),
+        }
+    }
+
+    fn cp(&self) -> &Checkpoint {
+        self.cp.as_ref().unwrap()
+    }
+
+    /// Closes and reopens a durable checkpoint; the in-memory one just stays.
+    fn reopen(&mut self) {
+        if let Some(dir) = &self.dir {
+            self.cp = None;
+            self.cp = Some(Checkpoint::open(dir.path()).unwrap());
+        }
+    }
+
+    fn commit(&self, txns: Vec<PartitionTxn>) {
+        self.cp()
+            .commit(Commit {
+                txns,
+                ..Commit::default()
+            })
+            .unwrap();
+    }
+}
+
+fn v(payload: &str) -> StoredValue {
+    StoredValue {
+        schema_id: 0,
+        expires_at_ms: None,
+        payload: payload.as_bytes().to_vec(),
+    }
+}
+
+fn vt(payload: &str, expires_at_ms: i64) -> StoredValue {
+    StoredValue {
+        expires_at_ms: Some(expires_at_ms),
+        ..v(payload)
+    }
+}
+
+fn payloads<K>(page: &[(K, StoredValue)]) -> Vec<String> {
+    page.iter()
+        .map(|(_, v)| String::from_utf8(v.payload.clone()).unwrap())
+        .collect()
+}
+
+fn list_all(txn: &PartitionTxn, var: u32, key: &[u8]) -> Vec<String> {
+    payloads(&txn.list_page(var, key, None, usize::MAX).unwrap())
+}
+
+fn numbered(range: std::ops::Range<usize>) -> Vec<StoredValue> {
+    range.map(|i| v(&i.to_string())).collect()
+}
+
+fn strings(range: std::ops::Range<usize>) -> Vec<String> {
+    range.map(|i| i.to_string()).collect()
+}
+
+/// Counts entries handed out by scans, to prove reads are paged.
+struct Counting {
+    inner: Arc<dyn KvEngine>,
+    scanned: AtomicUsize,
+}
+
+impl KvEngine for Counting {
+    fn get_with(&self, key: &[u8], f: &mut GetFn<'_>) -> crate::Result<bool> {
+        self.inner.get_with(key, f)
+    }
+
+    fn scan(&self, start: &[u8], end: &[u8], f: &mut ScanFn<'_>) -> crate::Result<()> {
+        self.inner.scan(start, end, &mut |k, v| {
+            self.scanned.fetch_add(1, Ordering::Relaxed);
+            f(k, v)
+        })
+    }
+
+    fn write(&self, batch: WriteBatch) -> crate::Result<()> {
+        self.inner.write(batch)
+    }
+}
+
+// ---- Values ----
+
+fn value_read_your_writes_and_commit(mut fx: Fixture) {
+    let mut txn = fx.cp().txn(0);
+    assert_eq!(txn.value_get(1, b"k").unwrap(), None);
+    txn.value_put(1, b"k", v("1")).unwrap();
+    assert_eq!(txn.value_get(1, b"k").unwrap(), Some(v("1")));
+    txn.value_put(1, b"k", v("2")).unwrap();
+    assert_eq!(txn.pending_writes(), 1);
+    fx.commit(vec![txn]);
+    fx.reopen();
+
+    let mut txn = fx.cp().txn(0);
+    assert_eq!(txn.value_get(1, b"k").unwrap(), Some(v("2")));
+    txn.value_delete(1, b"k").unwrap();
+    assert_eq!(txn.value_get(1, b"k").unwrap(), None);
+    txn.value_delete(1, b"never-there").unwrap();
+    fx.commit(vec![txn]);
+    fx.reopen();
+    assert_eq!(fx.cp().txn(0).value_get(1, b"k").unwrap(), None);
+}
+
+fn uncommitted_writes_are_invisible(fx: Fixture) {
+    let mut txn = fx.cp().txn(0);
+    txn.value_put(1, b"k", v("1")).unwrap();
+    txn.list_append(2, b"k", vec![v("a")]).unwrap();
+    txn.timer_register(b"k", 5).unwrap();
+    drop(txn);
+    let txn = fx.cp().txn(0);
+    assert_eq!(txn.value_get(1, b"k").unwrap(), None);
+    assert!(!txn.list_exists(2, b"k").unwrap());
+    assert!(txn.timers_due(i64::MAX, 10).unwrap().is_empty());
+}
+
+fn state_is_isolated_by_variable_and_key(fx: Fixture) {
+    let mut txn = fx.cp().txn(0);
+    // Keys chosen so that one is a byte prefix of another.
+    for (var, key, val) in [
+        (1, &b"a"[..], "1a"),
+        (1, b"ab", "1ab"),
+        (2, b"a", "2a"),
+        (1, b"", "1"),
+    ] {
+        txn.value_put(var, key, v(val)).unwrap();
+        txn.map_put(var, key, b"u", v(val)).unwrap();
+        txn.list_append(var, key, vec![v(val)]).unwrap();
+    }
+    fx.commit(vec![txn]);
+    let txn = fx.cp().txn(0);
+    for (var, key, val) in [
+        (1, &b"a"[..], "1a"),
+        (1, b"ab", "1ab"),
+        (2, b"a", "2a"),
+        (1, b"", "1"),
+    ] {
+        assert_eq!(txn.value_get(var, key).unwrap(), Some(v(val)));
+        assert_eq!(payloads(&txn.map_page(var, key, None, 10).unwrap()), [val]);
+        assert_eq!(list_all(&txn, var, key), [val]);
+    }
+    assert_eq!(txn.value_get(2, b"ab").unwrap(), None);
+}
+
+fn values_keep_schema_id_and_expiry(fx: Fixture) {
+    let mut txn = fx.cp().txn(3);
+    let value = StoredValue {
+        schema_id: 70_000,
+        expires_at_ms: Some(-5),
+        payload: b"{}".to_vec(),
+    };
+    txn.value_put(1, b"k", value.clone()).unwrap();
+    fx.commit(vec![txn]);
+    assert_eq!(fx.cp().txn(3).value_get(1, b"k").unwrap(), Some(value));
+}
+
+fn corrupt_stored_bytes_are_an_error(fx: Fixture) {
+    let mut batch = WriteBatch::new();
+    batch.put(keys::value_key(1, b"k"), b"{\"not\":\"ours\"}".to_vec());
+    batch.put(keys::list_element_key(2, b"k", 0), vec![9, 9]);
+    batch.put(keys::list_meta_key(3, b"k"), vec![1, 2, 3]);
+    fx.cp().engine().write(batch).unwrap();
+    let mut txn = fx.cp().txn(0);
+    assert!(matches!(
+        txn.value_get(1, b"k"),
+        Err(StoreError::Corrupt(_))
+    ));
+    assert!(matches!(
+        txn.list_page(2, b"k", None, 10),
+        Err(StoreError::Corrupt(_))
+    ));
+    assert!(matches!(
+        txn.list_append(3, b"k", vec![v("x")]),
+        Err(StoreError::Corrupt(_))
+    ));
+}
+
+// ---- Metadata ----
+
+fn metadata_put_scan_and_commit(mut fx: Fixture) {
+    let cp = fx.cp();
+    assert_eq!(cp.get_meta("query").unwrap(), None);
+    cp.put_meta_sync("query", b"q").unwrap();
+    cp.put_meta_sync("batch/2", b"b2").unwrap();
+    cp.put_meta_sync("batch/1", b"b1").unwrap();
+    cp.put_meta_sync("batch0", b"not a batch/").unwrap();
+    let mut txn = cp.txn(0);
+    txn.value_put(1, b"k", v("1")).unwrap();
+    cp.commit(Commit {
+        drop_vars: vec![],
+        txns: vec![txn],
+        meta: vec![
+            ("commit/1".into(), Some(b"c1".to_vec())),
+            ("batch/1".into(), None),
+        ],
+    })
+    .unwrap();
+    fx.reopen();
+    let cp = fx.cp();
+    assert_eq!(cp.get_meta("query").unwrap(), Some(b"q".to_vec()));
+    assert_eq!(cp.get_meta("commit/1").unwrap(), Some(b"c1".to_vec()));
+    assert_eq!(
+        cp.scan_meta("batch/").unwrap(),
+        [("batch/2".to_string(), b"b2".to_vec())]
+    );
+    let names: Vec<String> = cp
+        .scan_meta("")
+        .unwrap()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(names, ["batch/2", "batch0", "commit/1", "query"]);
+}
+
+// ---- Lists ----
+
+fn list_append_put_and_clear(mut fx: Fixture) {
+    let mut txn = fx.cp().txn(0);
+    assert!(!txn.list_exists(1, b"k").unwrap());
+    txn.list_append(1, b"k", vec![v("a"), v("b")]).unwrap();
+    txn.list_append(1, b"k", vec![v("c")]).unwrap();
+    txn.list_append(1, b"k", vec![]).unwrap();
+    assert!(txn.list_exists(1, b"k").unwrap());
+    assert_eq!(list_all(&txn, 1, b"k"), ["a", "b", "c"]);
+    fx.commit(vec![txn]);
+    fx.reopen();
+
+    let mut txn = fx.cp().txn(0);
+    txn.list_append(1, b"k", vec![v("d")]).unwrap();
+    let page = txn.list_page(1, b"k", None, 10).unwrap();
+    let seqs: Vec<u64> = page.iter().map(|(s, _)| *s).collect();
+    assert_eq!(seqs, [0, 1, 2, 3]);
+    txn.list_put(1, b"k", vec![v("x"), v("y")]).unwrap();
+    assert_eq!(list_all(&txn, 1, b"k"), ["x", "y"]);
+    fx.commit(vec![txn]);
+    assert_eq!(list_all(&fx.cp().txn(0), 1, b"k"), ["x", "y"]);
+
+    let mut txn = fx.cp().txn(0);
+    txn.list_clear(1, b"k").unwrap();
+    assert!(!txn.list_exists(1, b"k").unwrap());
+    fx.commit(vec![txn]);
+    fx.reopen();
+    let txn = fx.cp().txn(0);
+    assert!(!txn.list_exists(1, b"k").unwrap());
+    assert!(list_all(&txn, 1, b"k").is_empty());
+}
+
+fn list_pages_resume_after_a_sequence(fx: Fixture) {
+    let mut txn = fx.cp().txn(0);
+    txn.list_append(1, b"k", numbered(0..10)).unwrap();
+    fx.commit(vec![txn]);
+    let mut txn = fx.cp().txn(0);
+    txn.list_append(1, b"k", numbered(10..15)).unwrap();
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let page = txn.list_page(1, b"k", after, 4).unwrap();
+        assert!(page.len() <= 4);
+        let Some(last) = page.last() else { break };
+        after = Some(last.0);
+        seen.extend(payloads(&page));
+    }
+    assert_eq!(seen, strings(0..15));
+    assert!(
+        txn.list_page(1, b"k", Some(u64::MAX), 4)
+            .unwrap()
+            .is_empty()
+    );
+    assert!(txn.list_page(1, b"k", None, 0).unwrap().is_empty());
+}
+
+/// Clears of small and large committed lists (point deletes vs a range tombstone) followed
+/// by appends in the same batch keep exactly the new elements, before and after commit.
+fn list_clear_then_append_in_one_batch(mut fx: Fixture) {
+    for (var, len) in [(1, 3), (2, 64), (3, 65), (4, 500)] {
+        let mut txn = fx.cp().txn(0);
+        txn.list_append(var, b"k", numbered(0..len)).unwrap();
+        fx.commit(vec![txn]);
+
+        let mut txn = fx.cp().txn(0);
+        txn.list_append(var, b"k", vec![v("pending")]).unwrap();
+        txn.list_clear(var, b"k").unwrap();
+        txn.list_append(var, b"k", vec![v("new1")]).unwrap();
+        txn.list_append(var, b"k", vec![v("new2")]).unwrap();
+        assert_eq!(list_all(&txn, var, b"k"), ["new1", "new2"], "len {len}");
+        fx.commit(vec![txn]);
+        fx.reopen();
+        let txn = fx.cp().txn(0);
+        assert_eq!(list_all(&txn, var, b"k"), ["new1", "new2"], "len {len}");
+        let page = txn.list_page(var, b"k", None, 10).unwrap();
+        assert_eq!(page[0].0, 0, "sequence restarts after a clear");
+
+        // A second replace in a later batch stacks a new clear on top.
+        let mut txn = fx.cp().txn(0);
+        txn.list_put(var, b"k", numbered(0..len)).unwrap();
+        txn.list_put(var, b"k", vec![v("last")]).unwrap();
+        fx.commit(vec![txn]);
+        assert_eq!(list_all(&fx.cp().txn(0), var, b"k"), ["last"]);
+    }
+}
+
+/// A 200k-element list reads page by page, each page touching only about a page of entries.
+fn large_list_is_read_in_bounded_pages(fx: Fixture) {
+    const LEN: usize = 200_000;
+    const PAGE: usize = 1_000;
+    let mut txn = fx.cp().txn(0);
+    for chunk in (0..LEN).step_by(10_000) {
+        txn.list_append(1, b"big", numbered(chunk..chunk + 10_000))
+            .unwrap();
+    }
+    fx.commit(vec![txn]);
+
+    let counting = Arc::new(Counting {
+        inner: Arc::clone(fx.cp().engine()),
+        scanned: AtomicUsize::new(0),
+    });
+    let cp = Checkpoint::with_engine(Arc::clone(&counting) as Arc<dyn KvEngine>);
+    let mut txn = cp.txn(0);
+    // Overlay writes mixed into the committed list must merge in order.
+    txn.list_append(1, b"big", vec![v("tail")]).unwrap();
+    assert!(txn.list_exists(1, b"big").unwrap());
+    let mut after = None;
+    let mut total = 0;
+    let mut max_scanned = 0;
+    loop {
+        counting.scanned.store(0, Ordering::Relaxed);
+        let page = txn.list_page(1, b"big", after, PAGE).unwrap();
+        max_scanned = max_scanned.max(counting.scanned.load(Ordering::Relaxed));
+        let Some(&(last, _)) = page.last() else { break };
+        for (i, (seq, value)) in page.iter().enumerate() {
+            assert_eq!(*seq as usize, total + i);
+            let expected = if total + i == LEN {
+                "tail".to_string()
+            } else {
+                (total + i).to_string()
+            };
+            assert_eq!(value.payload, expected.as_bytes());
+        }
+        total += page.len();
+        after = Some(last);
+    }
+    assert_eq!(total, LEN + 1);
+    assert!(
+        max_scanned <= PAGE + 1,
+        "a page scanned {max_scanned} entries"
+    );
+}
+
+// ---- Maps ----
+
+fn map_put_get_remove_and_page(mut fx: Fixture) {
+    let mut txn = fx.cp().txn(0);
+    assert!(!txn.map_exists(1, b"k").unwrap());
+    for uk in ["b", "a", "c", "a\0", ""] {
+        txn.map_put(1, b"k", uk.as_bytes(), v(uk)).unwrap();
+    }
+    assert!(txn.map_exists(1, b"k").unwrap());
+    fx.commit(vec![txn]);
+    fx.reopen();
+
+    let mut txn = fx.cp().txn(0);
+    assert_eq!(txn.map_get(1, b"k", b"a").unwrap(), Some(v("a")));
+    assert_eq!(txn.map_get(1, b"k", b"zz").unwrap(), None);
+    txn.map_remove(1, b"k", b"b").unwrap();
+    txn.map_remove(1, b"k", b"missing").unwrap();
+    txn.map_put(1, b"k", b"bb", v("bb")).unwrap();
+    txn.map_put(1, b"k", b"c", v("c2")).unwrap();
+    let page = txn.map_page(1, b"k", None, 100).unwrap();
+    let user_keys: Vec<&[u8]> = page.iter().map(|(k, _)| k.as_slice()).collect();
+    assert_eq!(user_keys, [&b""[..], b"a", b"a\0", b"bb", b"c"]);
+    assert_eq!(payloads(&page), ["", "a", "a\0", "bb", "c2"]);
+    assert_eq!(
+        payloads(&txn.map_page(1, b"k", Some(b"a"), 2).unwrap()),
+        ["a\0", "bb"]
+    );
+    assert_eq!(
+        payloads(&txn.map_page(1, b"k", Some(b"b"), 10).unwrap()),
+        ["bb", "c2"]
+    );
+    assert!(txn.map_page(1, b"k", Some(b"c"), 10).unwrap().is_empty());
+    fx.commit(vec![txn]);
+    assert_eq!(
+        payloads(&fx.cp().txn(0).map_page(1, b"k", None, 100).unwrap()),
+        ["", "a", "a\0", "bb", "c2"]
+    );
+}
+
+fn map_clear_then_put_in_one_batch(mut fx: Fixture) {
+    for (var, len) in [(1, 2), (2, 300)] {
+        let mut txn = fx.cp().txn(0);
+        for i in 0..len {
+            txn.map_put(var, b"k", format!("{i:05}").as_bytes(), v("old"))
+                .unwrap();
+        }
+        txn.map_put(var, b"other", b"x", v("keep")).unwrap();
+        fx.commit(vec![txn]);
+
+        let mut txn = fx.cp().txn(0);
+        txn.map_put(var, b"k", b"pending", v("gone")).unwrap();
+        txn.map_clear(var, b"k").unwrap();
+        assert!(!txn.map_exists(var, b"k").unwrap());
+        assert_eq!(txn.map_get(var, b"k", b"00000").unwrap(), None);
+        txn.map_put(var, b"k", b"00001", v("new")).unwrap();
+        fx.commit(vec![txn]);
+        fx.reopen();
+        let txn = fx.cp().txn(0);
+        let page = txn.map_page(var, b"k", None, 1000).unwrap();
+        assert_eq!(page, [(b"00001".to_vec(), v("new"))], "len {len}");
+        assert_eq!(txn.map_get(var, b"other", b"x").unwrap(), Some(v("keep")));
+    }
+}
+
+/// Random map operations with commits in between, checked against a `BTreeMap` model.
+fn map_matches_a_model_under_random_operations(fx: Fixture) {
+    let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = move |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let mut model: BTreeMap<Vec<u8>, StoredValue> = BTreeMap::new();
+    let mut txn = fx.cp().txn(0);
+    for step in 0..4_000 {
+        let uk = format!("{:03}", next(150)).into_bytes();
+        match next(100) {
+            0..=49 => {
+                let value = v(&step.to_string());
+                txn.map_put(1, b"k", &uk, value.clone()).unwrap();
+                model.insert(uk, value);
+            }
+            50..=79 => {
+                txn.map_remove(1, b"k", &uk).unwrap();
+                model.remove(&uk);
+            }
+            80..=81 => {
+                txn.map_clear(1, b"k").unwrap();
+                model.clear();
+            }
+            82..=89 => assert_eq!(txn.map_get(1, b"k", &uk).unwrap().as_ref(), model.get(&uk)),
+            90..=96 => {
+                let max = 1 + next(40) as usize;
+                let page = txn.map_page(1, b"k", Some(&uk), max).unwrap();
+                let expected: Vec<_> = model
+                    .range::<[u8], _>((
+                        std::ops::Bound::Excluded(&uk[..]),
+                        std::ops::Bound::Unbounded,
+                    ))
+                    .take(max)
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                assert_eq!(page, expected, "step {step}");
+            }
+            _ => {
+                fx.commit(vec![txn]);
+                txn = fx.cp().txn(0);
+            }
+        }
+    }
+    let all = txn.map_page(1, b"k", None, usize::MAX).unwrap();
+    assert_eq!(all, model.into_iter().collect::<Vec<_>>());
+}
+
+// ---- Timers ----
+
+fn timers_register_list_delete_and_fire_in_order(mut fx: Fixture) {
+    let mut txn = fx.cp().txn(1);
+    txn.timer_register(b"b", 20).unwrap();
+    txn.timer_register(b"a", 20).unwrap();
+    txn.timer_register(b"a", -5).unwrap();
+    txn.timer_register(b"a", 20).unwrap();
+    txn.timer_register(b"c", 30).unwrap();
+    txn.timer_delete(b"c", 99).unwrap();
+    let mut other = fx.cp().txn(2);
+    other.timer_register(b"z", 0).unwrap();
+    assert_eq!(txn.timer_list(b"a").unwrap(), [-5, 20]);
+    fx.commit(vec![txn, other]);
+    fx.reopen();
+
+    let mut txn = fx.cp().txn(1);
+    assert_eq!(
+        txn.timers_due(20, 10).unwrap(),
+        [
+            (-5, b"a".to_vec()),
+            (20, b"a".to_vec()),
+            (20, b"b".to_vec())
+        ]
+    );
+    assert_eq!(txn.timers_due(19, 10).unwrap(), [(-5, b"a".to_vec())]);
+    assert_eq!(txn.timers_due(i64::MAX, 2).unwrap().len(), 2);
+    assert!(txn.timers_due(-6, 10).unwrap().is_empty());
+    txn.timer_delete(b"a", -5).unwrap();
+    txn.timer_register(b"d", 10).unwrap();
+    assert_eq!(
+        txn.timers_due(i64::MAX, 10).unwrap(),
+        [
+            (10, b"d".to_vec()),
+            (20, b"a".to_vec()),
+            (20, b"b".to_vec()),
+            (30, b"c".to_vec())
+        ]
+    );
+    assert_eq!(txn.timer_list(b"a").unwrap(), [20]);
+    fx.commit(vec![txn]);
+    let txn = fx.cp().txn(1);
+    assert_eq!(txn.timer_list(b"a").unwrap(), [20]);
+    assert_eq!(txn.timer_list(b"d").unwrap(), [10]);
+    assert_eq!(fx.cp().txn(2).timers_due(i64::MIN + 1, 10).unwrap(), []);
+    assert_eq!(
+        fx.cp().txn(2).timers_due(0, 10).unwrap(),
+        [(0, b"z".to_vec())]
+    );
+}
+
+// ---- TTL ----
+
+fn expired_values_are_hidden_from_reads(fx: Fixture) {
+    let mut txn = fx.cp().txn(0);
+    txn.value_put(1, b"k", vt("v", 100)).unwrap();
+    txn.list_append(
+        2,
+        b"k",
+        vec![vt("old", 100), v("forever"), vt("young", 200)],
+    )
+    .unwrap();
+    txn.map_put(3, b"k", b"old", vt("old", 100)).unwrap();
+    txn.list_append(4, b"k", vec![vt("old", 100)]).unwrap();
+    txn.map_put(5, b"k", b"old", vt("old", 100)).unwrap();
+    fx.commit(vec![txn]);
+
+    let mut txn = fx.cp().txn(0);
+    txn.set_ttl_clock(Some(99));
+    assert!(txn.value_get(1, b"k").unwrap().is_some());
+    assert_eq!(list_all(&txn, 2, b"k"), ["old", "forever", "young"]);
+    txn.set_ttl_clock(Some(100));
+    assert_eq!(txn.value_get(1, b"k").unwrap(), None);
+    assert_eq!(list_all(&txn, 2, b"k"), ["forever", "young"]);
+    assert_eq!(txn.map_get(3, b"k", b"old").unwrap(), None);
+    assert!(txn.map_page(3, b"k", None, 10).unwrap().is_empty());
+    assert!(!txn.list_exists(4, b"k").unwrap());
+    assert!(!txn.map_exists(5, b"k").unwrap());
+    assert!(txn.list_exists(2, b"k").unwrap());
+    txn.set_ttl_clock(None);
+    assert!(txn.list_exists(4, b"k").unwrap());
+}
+
+fn ttl_cleanup_removes_expired_entries_only(mut fx: Fixture) {
+    let mut txn = fx.cp().txn(0);
+    txn.value_put(1, b"a", vt("a", 100)).unwrap();
+    txn.value_put(1, b"b", vt("b", 100)).unwrap();
+    txn.value_put(1, b"c", vt("c", 300)).unwrap();
+    txn.value_put(1, b"d", v("d")).unwrap();
+    txn.list_append(2, b"a", vec![vt("x", 50), v("y"), vt("z", 150)])
+        .unwrap();
+    txn.map_put(3, b"a", b"m", vt("m", 100)).unwrap();
+    txn.value_put(1, b"gone", vt("gone", 100)).unwrap();
+    let mut other = fx.cp().txn(1);
+    other.value_put(1, b"p1", vt("p1", 100)).unwrap();
+    fx.commit(vec![txn, other]);
+
+    let mut txn = fx.cp().txn(0);
+    // Overwritten with a later expiry: the old index entry is stale.
+    txn.value_put(1, b"b", vt("b2", 500)).unwrap();
+    txn.value_delete(1, b"gone").unwrap();
+    assert_eq!(txn.ttl_cleanup(100).unwrap(), 3);
+    txn.set_ttl_clock(None);
+    assert_eq!(txn.value_get(1, b"a").unwrap(), None);
+    assert_eq!(txn.value_get(1, b"b").unwrap(), Some(vt("b2", 500)));
+    assert_eq!(txn.value_get(1, b"c").unwrap(), Some(vt("c", 300)));
+    assert_eq!(txn.value_get(1, b"d").unwrap(), Some(v("d")));
+    assert_eq!(list_all(&txn, 2, b"a"), ["y", "z"]);
+    assert_eq!(txn.map_get(3, b"a", b"m").unwrap(), None);
+    fx.commit(vec![txn]);
+    fx.reopen();
+
+    let mut txn = fx.cp().txn(0);
+    assert_eq!(
+        txn.ttl_cleanup(100).unwrap(),
+        0,
+        "index entries were consumed"
+    );
+    assert_eq!(txn.ttl_cleanup(1_000).unwrap(), 3);
+    assert_eq!(list_all(&txn, 2, b"a"), ["y"]);
+    assert_eq!(txn.value_get(1, b"d").unwrap(), Some(v("d")));
+    fx.commit(vec![txn]);
+    // Partition 1's index is its own.
+    let mut other = fx.cp().txn(1);
+    assert_eq!(other.value_get(1, b"p1").unwrap(), Some(vt("p1", 100)));
+    assert_eq!(other.ttl_cleanup(100).unwrap(), 1);
+    assert_eq!(other.value_get(1, b"p1").unwrap(), None);
+}
+
+fn ttl_cleanup_handles_more_than_one_chunk(fx: Fixture) {
+    let mut txn = fx.cp().txn(0);
+    for i in 0..2_500u32 {
+        txn.map_put(1, b"k", &i.to_be_bytes(), vt("x", i64::from(i % 7)))
+            .unwrap();
+    }
+    txn.map_put(1, b"k", b"live", vt("x", 1_000)).unwrap();
+    fx.commit(vec![txn]);
+    let mut txn = fx.cp().txn(0);
+    assert_eq!(txn.ttl_cleanup(999).unwrap(), 2_500);
+    fx.commit(vec![txn]);
+    let txn = fx.cp().txn(0);
+    assert_eq!(
+        txn.map_page(1, b"k", None, 10).unwrap(),
+        [(b"live".to_vec(), vt("x", 1_000))]
+    );
+}
+
+// ---- Commit ----
+
+fn drop_vars_removes_every_key_of_those_variables(mut fx: Fixture) {
+    let mut txn = fx.cp().txn(0);
+    for key in [&b"a"[..], b"b"] {
+        txn.value_put(1, key, v("v1")).unwrap();
+        txn.list_append(1, key, vec![v("l1")]).unwrap();
+        txn.map_put(1, key, b"m", v("m1")).unwrap();
+        txn.value_put(2, key, v("v2")).unwrap();
+    }
+    fx.commit(vec![txn]);
+
+    let mut txn = fx.cp().txn(0);
+    txn.value_put(3, b"a", v("v3")).unwrap();
+    fx.cp()
+        .commit(Commit {
+            drop_vars: vec![1, 42],
+            txns: vec![txn],
+            meta: vec![],
+        })
+        .unwrap();
+    fx.reopen();
+    let mut txn = fx.cp().txn(0);
+    for key in [&b"a"[..], b"b"] {
+        assert_eq!(txn.value_get(1, key).unwrap(), None);
+        assert!(!txn.list_exists(1, key).unwrap());
+        assert!(!txn.map_exists(1, key).unwrap());
+        assert_eq!(txn.value_get(2, key).unwrap(), Some(v("v2")));
+    }
+    assert_eq!(txn.value_get(3, b"a").unwrap(), Some(v("v3")));
+    // The dropped list's sequence metadata went too.
+    txn.list_append(1, b"a", vec![v("fresh")]).unwrap();
+    assert_eq!(txn.list_page(1, b"a", None, 10).unwrap()[0].0, 0);
+}
+
+fn commit_applies_several_partitions_atomically(mut fx: Fixture) {
+    let txns = (0..4)
+        .map(|p| {
+            let mut txn = fx.cp().txn(p);
+            txn.value_put(1, &p.to_be_bytes(), v(&p.to_string()))
+                .unwrap();
+            txn
+        })
+        .collect();
+    fx.cp()
+        .commit(Commit {
+            txns,
+            meta: vec![("commit/0".into(), Some(vec![]))],
+            ..Commit::default()
+        })
+        .unwrap();
+    fx.reopen();
+    let txn = fx.cp().txn(0);
+    for p in 0..4u16 {
+        assert_eq!(
+            txn.value_get(1, &p.to_be_bytes()).unwrap(),
+            Some(v(&p.to_string()))
+        );
+    }
+    assert!(fx.cp().get_meta("commit/0").unwrap().is_some());
+}
+
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        mod mem {
+            $( #[test] fn $name() { super::$name(super::Fixture::mem()) } )*
+        }
+        mod rocks {
+            $( #[test] fn $name() { super::$name(super::Fixture::rocks()) } )*
+        }
+    };
+}
+
+conformance!(
+    value_read_your_writes_and_commit,
+    uncommitted_writes_are_invisible,
+    state_is_isolated_by_variable_and_key,
+    values_keep_schema_id_and_expiry,
+    corrupt_stored_bytes_are_an_error,
+    metadata_put_scan_and_commit,
+    list_append_put_and_clear,
+    list_pages_resume_after_a_sequence,
+    list_clear_then_append_in_one_batch,
+    large_list_is_read_in_bounded_pages,
+    map_put_get_remove_and_page,
+    map_clear_then_put_in_one_batch,
+    map_matches_a_model_under_random_operations,
+    timers_register_list_delete_and_fire_in_order,
+    expired_values_are_hidden_from_reads,
+    ttl_cleanup_removes_expired_entries_only,
+    ttl_cleanup_handles_more_than_one_chunk,
+    drop_vars_removes_every_key_of_those_variables,
+    commit_applies_several_partitions_atomically,
+);
+
+#[test]
+fn checkpoint_and_txn_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<Checkpoint>();
+    send::<PartitionTxn>();
+    send::<Commit>();
+}
+
+#[test]
+fn a_rocks_checkpoint_open_twice_is_locked() {
+    let dir = tempfile::tempdir().unwrap();
+    let _first = Checkpoint::open(dir.path()).unwrap();
+    assert!(dir.path().join("state").is_dir());
+    match Checkpoint::open(dir.path()) {
+        Err(StoreError::Locked { path }) => assert_eq!(path, dir.path().display().to_string()),
+        other => panic!("expected Locked, got {other:?}"),
+    }
+}

@@ -1,0 +1,462 @@
+//! The byte layout of every stored key.
+//!
+//! Every key starts with a namespace byte; integers are big-endian and `i64` timestamps have
+//! their sign bit flipped, so the store's byte order is the logical order everywhere (list
+//! elements by sequence, timers by time, TTL entries by expiry). Grouping keys carry a `u32`
+//! length prefix, which makes every per-key prefix unambiguous: no key's prefix is a prefix
+//! of another key's.
+//!
+//! | namespace | layout |
+//! |---|---|
+//! | [`META`] | `[0x01][name]` |
+//! | [`VALUE`] | `[0x02][var u32][keylen u32][key]` |
+//! | [`LIST`] | `[0x03][var u32][keylen u32][key][seq u64]` |
+//! | [`LIST_META`] | `[0x04][var u32][keylen u32][key]` → next sequence `u64` |
+//! | [`MAP`] | `[0x05][var u32][keylen u32][key][user key]` |
+//! | [`TIMER_BY_KEY`] | `[0x06][keylen u32][key][ts i64]` |
+//! | [`TIMER_BY_TIME`] | `[0x07][partition u16][ts i64][key]` |
+//! | [`TTL`] | `[0x08][partition u16][expiry i64][state key]` |
+//!
+//! The variable id comes right after the namespace so dropping a variable is one range
+//! delete per namespace ([`var_range`]).
+//!
+//! Functions named `*_key` build one key; `*_prefix` build the prefix shared by a group of
+//! keys, and `*_range` give a half-open `[start, end)` range for scans and range deletes.
+
+use crate::{Partition, Result, StoreError, VarId};
+
+/// Named metadata blobs (query config, catalog, batch plans, commit log).
+pub const META: u8 = 0x01;
+/// Value state values.
+pub const VALUE: u8 = 0x02;
+/// List state elements.
+pub const LIST: u8 = 0x03;
+/// Per-list metadata: the next element sequence.
+pub const LIST_META: u8 = 0x04;
+/// Map state entries.
+pub const MAP: u8 = 0x05;
+/// Timers ordered by grouping key, then time.
+pub const TIMER_BY_KEY: u8 = 0x06;
+/// Timers ordered by partition, then time, then grouping key.
+pub const TIMER_BY_TIME: u8 = 0x07;
+/// TTL index: partition, expiry, then the full key of the expiring entry.
+pub const TTL: u8 = 0x08;
+
+/// The per-variable namespaces, i.e. everything [`Commit::drop_vars`](crate::Commit) removes.
+pub const VAR_NAMESPACES: [u8; 4] = [VALUE, LIST, LIST_META, MAP];
+
+/// Length of a list element key's sequence suffix.
+pub const SEQ_LEN: usize = 8;
+/// Length of an encoded timestamp.
+pub const TS_LEN: usize = 8;
+/// Length of `[namespace][partition]`.
+const PARTITION_PREFIX_LEN: usize = 3;
+
+/// Encodes an `i64` so that byte order equals numeric order.
+#[inline]
+pub fn encode_i64(v: i64) -> [u8; 8] {
+    ((v as u64) ^ (1 << 63)).to_be_bytes()
+}
+
+/// Inverse of [`encode_i64`].
+#[inline]
+pub fn decode_i64(bytes: [u8; 8]) -> i64 {
+    (u64::from_be_bytes(bytes) ^ (1 << 63)) as i64
+}
+
+/// Checks that a grouping key fits the layout's `u32` length prefix.
+#[inline]
+pub fn check_key(key: &[u8]) -> Result<()> {
+    if u32::try_from(key.len()).is_err() {
+        return Err(StoreError::KeyTooLarge { len: key.len() });
+    }
+    Ok(())
+}
+
+/// Appends `[keylen u32][key]`. Callers have passed the key through [`check_key`].
+#[inline]
+fn push_key(out: &mut Vec<u8>, key: &[u8]) {
+    // `check_key` guarantees the length fits; saturating keeps this total regardless.
+    let len = u32::try_from(key.len()).unwrap_or(u32::MAX);
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(key);
+}
+
+/// Writes `[ns][var][keylen][key]` into `out` (cleared first).
+#[inline]
+pub fn var_key_prefix_into(out: &mut Vec<u8>, ns: u8, var: VarId, key: &[u8]) {
+    out.clear();
+    out.reserve(1 + 4 + 4 + key.len() + SEQ_LEN);
+    out.push(ns);
+    out.extend_from_slice(&var.to_be_bytes());
+    push_key(out, key);
+}
+
+/// `[ns][var][keylen][key]`: the prefix of one grouping key's entries of one variable.
+pub fn var_key_prefix(ns: u8, var: VarId, key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    var_key_prefix_into(&mut out, ns, var, key);
+    out
+}
+
+/// The key of a value state's value.
+pub fn value_key(var: VarId, key: &[u8]) -> Vec<u8> {
+    var_key_prefix(VALUE, var, key)
+}
+
+/// The prefix of all elements of one list.
+pub fn list_prefix(var: VarId, key: &[u8]) -> Vec<u8> {
+    var_key_prefix(LIST, var, key)
+}
+
+/// The key of one list element.
+pub fn list_element_key(var: VarId, key: &[u8], seq: u64) -> Vec<u8> {
+    let mut out = list_prefix(var, key);
+    out.extend_from_slice(&seq.to_be_bytes());
+    out
+}
+
+/// The key of a list's metadata (its next element sequence).
+pub fn list_meta_key(var: VarId, key: &[u8]) -> Vec<u8> {
+    var_key_prefix(LIST_META, var, key)
+}
+
+/// The prefix of all entries of one map.
+pub fn map_prefix(var: VarId, key: &[u8]) -> Vec<u8> {
+    var_key_prefix(MAP, var, key)
+}
+
+/// The key of one map entry.
+pub fn map_entry_key(var: VarId, key: &[u8], user_key: &[u8]) -> Vec<u8> {
+    let mut out = map_prefix(var, key);
+    out.extend_from_slice(user_key);
+    out
+}
+
+/// The prefix of one grouping key's timers in the by-key index.
+pub fn timer_key_prefix(key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1 + 4 + key.len() + TS_LEN);
+    out.push(TIMER_BY_KEY);
+    push_key(&mut out, key);
+    out
+}
+
+/// A timer in the by-key index.
+pub fn timer_by_key(key: &[u8], ts: i64) -> Vec<u8> {
+    let mut out = timer_key_prefix(key);
+    out.extend_from_slice(&encode_i64(ts));
+    out
+}
+
+/// The prefix of one partition's timers in the by-time index.
+pub fn timer_time_prefix(partition: Partition) -> Vec<u8> {
+    partition_prefix(TIMER_BY_TIME, partition)
+}
+
+/// A timer in the by-time index.
+pub fn timer_by_time(partition: Partition, ts: i64, key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(PARTITION_PREFIX_LEN + TS_LEN + key.len());
+    out.push(TIMER_BY_TIME);
+    out.extend_from_slice(&partition.to_be_bytes());
+    out.extend_from_slice(&encode_i64(ts));
+    out.extend_from_slice(key);
+    out
+}
+
+/// The range of one partition's timers with `ts <= upto` in the by-time index.
+pub fn timer_time_range_upto(partition: Partition, upto: i64) -> (Vec<u8>, Vec<u8>) {
+    time_range_upto(TIMER_BY_TIME, partition, upto)
+}
+
+/// Splits a by-time timer key into `(ts, grouping key)`.
+pub fn decode_timer_by_time(k: &[u8]) -> Result<(i64, &[u8])> {
+    let (ts, key) = split_time_key(TIMER_BY_TIME, k, "timer")?;
+    Ok((ts, key))
+}
+
+/// Decodes the timestamp of a by-key timer key whose prefix is `prefix_len` bytes long.
+pub fn decode_timer_by_key(k: &[u8], prefix_len: usize) -> Result<i64> {
+    match k
+        .get(prefix_len..)
+        .and_then(|ts| <[u8; 8]>::try_from(ts).ok())
+    {
+        Some(ts) => Ok(decode_i64(ts)),
+        None => Err(StoreError::Corrupt("malformed timer key".into())),
+    }
+}
+
+/// The prefix of one partition's TTL index.
+pub fn ttl_prefix(partition: Partition) -> Vec<u8> {
+    partition_prefix(TTL, partition)
+}
+
+/// A TTL index entry for the entry stored at `state_key`, expiring at `expiry`.
+pub fn ttl_key(partition: Partition, expiry: i64, state_key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(PARTITION_PREFIX_LEN + TS_LEN + state_key.len());
+    out.push(TTL);
+    out.extend_from_slice(&partition.to_be_bytes());
+    out.extend_from_slice(&encode_i64(expiry));
+    out.extend_from_slice(state_key);
+    out
+}
+
+/// The range of one partition's TTL entries with `expiry <= upto`.
+pub fn ttl_range_upto(partition: Partition, upto: i64) -> (Vec<u8>, Vec<u8>) {
+    time_range_upto(TTL, partition, upto)
+}
+
+/// Splits a TTL index key into `(expiry, state key)`.
+pub fn decode_ttl_key(k: &[u8]) -> Result<(i64, &[u8])> {
+    split_time_key(TTL, k, "TTL index")
+}
+
+/// Decodes the sequence of a list element key.
+pub fn decode_list_seq(k: &[u8]) -> Result<u64> {
+    match k.last_chunk::<SEQ_LEN>() {
+        Some(seq) if k.len() > SEQ_LEN => Ok(u64::from_be_bytes(*seq)),
+        _ => Err(StoreError::Corrupt("malformed list element key".into())),
+    }
+}
+
+/// The key of a metadata blob.
+pub fn meta_key(name: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1 + name.len());
+    out.push(META);
+    out.extend_from_slice(name.as_bytes());
+    out
+}
+
+/// The range of metadata whose name starts with `prefix`.
+pub fn meta_range(prefix: &str) -> (Vec<u8>, Vec<u8>) {
+    prefix_range(meta_key(prefix))
+}
+
+/// Decodes a metadata key's name.
+pub fn decode_meta_key(k: &[u8]) -> Result<&str> {
+    match k.split_first() {
+        Some((&META, name)) => std::str::from_utf8(name)
+            .map_err(|_| StoreError::Corrupt("metadata name is not UTF-8".into())),
+        _ => Err(StoreError::Corrupt("malformed metadata key".into())),
+    }
+}
+
+/// The range of one variable's entries in namespace `ns` (for every grouping key).
+pub fn var_range(ns: u8, var: VarId) -> (Vec<u8>, Vec<u8>) {
+    let mut start = Vec::with_capacity(5);
+    start.push(ns);
+    start.extend_from_slice(&var.to_be_bytes());
+    prefix_range(start)
+}
+
+/// The half-open range of every key starting with `prefix`.
+pub fn prefix_range(prefix: Vec<u8>) -> (Vec<u8>, Vec<u8>) {
+    let end = prefix_successor(&prefix);
+    (prefix, end)
+}
+
+/// The smallest key greater than every key starting with `prefix`.
+///
+/// Every prefix this crate builds starts with a namespace byte below `0xff`, so a successor
+/// exists. An empty or all-`0xff` prefix has none; it gets `[0xff]`, which lies past every key
+/// this crate writes.
+pub fn prefix_successor(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.last_mut() {
+        if *last < 0xff {
+            *last += 1;
+            return end;
+        }
+        end.pop();
+    }
+    vec![0xff]
+}
+
+/// The smallest key greater than `key` (for resuming a scan after `key`).
+pub fn key_successor(key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(key.len() + 1);
+    out.extend_from_slice(key);
+    out.push(0);
+    out
+}
+
+fn partition_prefix(ns: u8, partition: Partition) -> Vec<u8> {
+    let mut out = Vec::with_capacity(PARTITION_PREFIX_LEN + TS_LEN);
+    out.push(ns);
+    out.extend_from_slice(&partition.to_be_bytes());
+    out
+}
+
+fn time_range_upto(ns: u8, partition: Partition, upto: i64) -> (Vec<u8>, Vec<u8>) {
+    let start = partition_prefix(ns, partition);
+    let end = match upto.checked_add(1) {
+        Some(next) => {
+            let mut end = start.clone();
+            end.extend_from_slice(&encode_i64(next));
+            end
+        }
+        None => prefix_successor(&start),
+    };
+    (start, end)
+}
+
+fn split_time_key<'a>(ns: u8, k: &'a [u8], what: &str) -> Result<(i64, &'a [u8])> {
+    if k.len() >= PARTITION_PREFIX_LEN + TS_LEN && k[0] == ns {
+        let (ts, rest) = k[PARTITION_PREFIX_LEN..].split_at(TS_LEN);
+        if let Ok(ts) = <[u8; 8]>::try_from(ts) {
+            return Ok((decode_i64(ts), rest));
+        }
+    }
+    Err(StoreError::Corrupt(format!("malformed {what} key")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TIMES: [i64; 9] = [
+        i64::MIN,
+        i64::MIN + 1,
+        -1_000,
+        -1,
+        0,
+        1,
+        1_000,
+        i64::MAX - 1,
+        i64::MAX,
+    ];
+
+    #[test]
+    fn i64_encoding_preserves_order_and_roundtrips() {
+        for w in TIMES.windows(2) {
+            assert!(encode_i64(w[0]) < encode_i64(w[1]), "{} vs {}", w[0], w[1]);
+        }
+        for t in TIMES {
+            assert_eq!(decode_i64(encode_i64(t)), t);
+        }
+    }
+
+    #[test]
+    fn list_elements_order_by_sequence_and_stay_inside_their_prefix() {
+        let seqs = [0u64, 1, 255, 256, 65_536, u64::MAX];
+        let (start, end) = prefix_range(list_prefix(7, b"k"));
+        for w in seqs.windows(2) {
+            assert!(list_element_key(7, b"k", w[0]) < list_element_key(7, b"k", w[1]));
+        }
+        for s in seqs {
+            let k = list_element_key(7, b"k", s);
+            assert!(start <= k && k < end);
+            assert_eq!(decode_list_seq(&k).unwrap(), s);
+        }
+        // A longer grouping key that extends "k" must not fall into "k"'s range.
+        let other = list_element_key(7, b"k\0", 0);
+        assert!(!(start <= other && other < end));
+    }
+
+    #[test]
+    fn grouping_key_prefixes_are_unambiguous() {
+        let keys: [&[u8]; 5] = [b"", b"a", b"a\0", b"a\xff", b"ab"];
+        for a in keys {
+            let (s, e) = prefix_range(map_prefix(1, a));
+            for b in keys {
+                let inside = |k: Vec<u8>| s <= k && k < e;
+                assert_eq!(inside(map_entry_key(1, b, b"user")), a == b, "{a:?} {b:?}");
+                assert_eq!(inside(map_entry_key(1, b, b"")), a == b, "{a:?} {b:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn map_entries_order_by_user_key_bytes() {
+        let uks: [&[u8]; 5] = [b"", b"\0", b"a", b"a\0", b"b"];
+        for w in uks.windows(2) {
+            assert!(map_entry_key(3, b"g", w[0]) < map_entry_key(3, b"g", w[1]));
+        }
+    }
+
+    #[test]
+    fn var_range_covers_all_keys_of_that_var_only() {
+        for ns in VAR_NAMESPACES {
+            let (s, e) = var_range(ns, 5);
+            let inside = |k: &[u8]| s.as_slice() <= k && k < e.as_slice();
+            let mine = var_key_prefix(ns, 5, b"anything");
+            assert!(inside(&mine));
+            assert!(!inside(&var_key_prefix(ns, 4, b"x")));
+            assert!(!inside(&var_key_prefix(ns, 6, b"")));
+        }
+        let (s, e) = var_range(VALUE, u32::MAX);
+        assert!(s < value_key(u32::MAX, b"\xff\xff") && value_key(u32::MAX, b"\xff") < e);
+        assert!(e <= vec![LIST]);
+    }
+
+    #[test]
+    fn timers_by_time_order_by_time_then_key_and_decode() {
+        let mut keys = vec![];
+        for t in TIMES {
+            for k in [&b""[..], b"a", b"b"] {
+                keys.push(timer_by_time(9, t, k));
+            }
+        }
+        assert!(keys.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(
+            decode_timer_by_time(&timer_by_time(9, -5, b"xy")).unwrap(),
+            (-5, &b"xy"[..])
+        );
+    }
+
+    #[test]
+    fn upto_ranges_are_inclusive_of_upto() {
+        for t in TIMES {
+            let (s, e) = timer_time_range_upto(2, t);
+            let k = timer_by_time(2, t, b"\xff\xff");
+            assert!(s <= k && k < e, "{t}");
+            if let Some(next) = t.checked_add(1) {
+                assert!(timer_by_time(2, next, b"") >= e);
+            }
+            assert!(timer_by_time(3, i64::MIN, b"") >= e);
+            let (s, e) = ttl_range_upto(2, t);
+            let k = ttl_key(2, t, &value_key(1, b"k"));
+            assert!(s <= k && k < e);
+            assert_eq!(
+                decode_ttl_key(&k).unwrap(),
+                (t, value_key(1, b"k").as_slice())
+            );
+        }
+    }
+
+    #[test]
+    fn timers_by_key_decode() {
+        let prefix = timer_key_prefix(b"key");
+        let k = timer_by_key(b"key", -42);
+        assert!(k.starts_with(&prefix));
+        assert_eq!(decode_timer_by_key(&k, prefix.len()).unwrap(), -42);
+        assert!(decode_timer_by_key(&prefix, prefix.len()).is_err());
+    }
+
+    #[test]
+    fn successors() {
+        assert_eq!(prefix_successor(&[1, 2, 3]), [1, 2, 4]);
+        assert_eq!(prefix_successor(&[1, 0xff, 0xff]), [2]);
+        assert_eq!(key_successor(&[1, 0xff]), [1, 0xff, 0]);
+        assert!(prefix_successor(&[0xff]) > ttl_key(u16::MAX, i64::MAX, b"\xff"));
+        let (s, e) = meta_range("batch/");
+        assert!(s.as_slice() <= meta_key("batch/1").as_slice() && meta_key("batch/1") < e);
+        assert!(meta_key("batch0") >= e);
+        assert_eq!(decode_meta_key(&meta_key("x/y")).unwrap(), "x/y");
+        assert!(decode_meta_key(&[META, 0xff]).is_err());
+    }
+
+    #[test]
+    fn namespaces_are_distinct_and_ordered() {
+        let all = [
+            META,
+            VALUE,
+            LIST,
+            LIST_META,
+            MAP,
+            TIMER_BY_KEY,
+            TIMER_BY_TIME,
+            TTL,
+        ];
+        assert!(all.windows(2).all(|w| w[0] < w[1]));
+    }
+}

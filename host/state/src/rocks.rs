@@ -1,0 +1,116 @@
+//! The RocksDB backend.
+
+use std::path::Path;
+
+use rocksdb::{
+    BlockBasedOptions, Cache, DB, DBCompressionType, Options, ReadOptions, WriteOptions,
+};
+
+use crate::engine::{GetFn, KvEngine, ScanFn, WriteBatch, WriteOp};
+use crate::{Result, StoreError};
+
+/// Block cache shared by all reads of one database. Hot per-key state of a few million keys
+/// fits; the OS page cache backs the rest.
+const BLOCK_CACHE_BYTES: usize = 256 << 20;
+/// Bloom filter bits per key (~1% false positives): most point reads of a batch hit keys
+/// that were never written, and the filter answers those without touching a data block.
+const BLOOM_BITS_PER_KEY: f64 = 10.0;
+
+/// A RocksDB database in one directory.
+pub(crate) struct RocksEngine {
+    db: DB,
+}
+
+impl RocksEngine {
+    /// Opens (creating if missing) the database in `path`.
+    pub(crate) fn open(path: &Path) -> Result<Self> {
+        let cache = Cache::new_lru_cache(BLOCK_CACHE_BYTES).map_err(storage)?;
+        let mut table = BlockBasedOptions::default();
+        table.set_block_cache(&cache);
+        // A full (not block-based) filter: one probe per point read.
+        table.set_bloom_filter(BLOOM_BITS_PER_KEY, false);
+        table.set_cache_index_and_filter_blocks(true);
+        table.set_pin_l0_filter_and_index_blocks_in_cache(true);
+        table.set_format_version(5);
+
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        opts.set_block_based_table_factory(&table);
+        // LZ4 is linked into the system librocksdb and costs little CPU; stored values are
+        // JSON text, which compresses well.
+        opts.set_compression_type(DBCompressionType::Lz4);
+        // A memtable bloom filter lets point reads of keys absent from the memtable (most
+        // keys, in a batch over many keys) skip its skiplist search.
+        opts.set_memtable_whole_key_filtering(true);
+        opts.set_memtable_prefix_bloom_ratio(0.1);
+        opts.set_level_compaction_dynamic_level_bytes(true);
+        opts.set_max_background_jobs(2);
+        opts.set_bytes_per_sync(1 << 20);
+        opts.set_keep_log_file_num(4);
+
+        let db = DB::open(&opts, path).map_err(|e| open_error(path, e))?;
+        Ok(Self { db })
+    }
+}
+
+impl KvEngine for RocksEngine {
+    #[inline]
+    fn get_with(&self, key: &[u8], f: &mut GetFn<'_>) -> Result<bool> {
+        match self.db.get_pinned(key).map_err(storage)? {
+            Some(v) => f(&v).map(|()| true),
+            None => Ok(false),
+        }
+    }
+
+    fn scan(&self, start: &[u8], end: &[u8], f: &mut ScanFn<'_>) -> Result<()> {
+        if start >= end {
+            return Ok(());
+        }
+        let mut opts = ReadOptions::default();
+        // The upper bound lets RocksDB stop at the range end instead of stepping over
+        // tombstones beyond it.
+        opts.set_iterate_upper_bound(end);
+        let mut it = self.db.raw_iterator_opt(opts);
+        it.seek(start);
+        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+            if !f(k, v)? {
+                return Ok(());
+            }
+            it.next();
+        }
+        it.status().map_err(storage)
+    }
+
+    fn write(&self, batch: WriteBatch) -> Result<()> {
+        let mut wb = rocksdb::WriteBatch::default();
+        for op in batch.ops() {
+            match op {
+                WriteOp::Put(k, v) => wb.put(k, v),
+                WriteOp::Delete(k) => wb.delete(k),
+                WriteOp::DeleteRange(start, end) if start < end => wb.delete_range(start, end),
+                WriteOp::DeleteRange(..) => {}
+            }
+        }
+        let mut wo = WriteOptions::default();
+        wo.set_sync(true);
+        self.db.write_opt(wb, &wo).map_err(storage)
+    }
+}
+
+fn storage(e: rocksdb::Error) -> StoreError {
+    StoreError::Storage(e.into_string())
+}
+
+/// RocksDB reports a `LOCK` file held by another process as "While lock file: …" (the
+/// `fcntl` lock failed) and one held in this process as "lock hold by current process"; other
+/// failures around the file (e.g. permissions) are plain I/O errors.
+fn open_error(path: &Path, e: rocksdb::Error) -> StoreError {
+    let text = e.into_string();
+    if text.contains("While lock file") || text.contains("lock hold by current process") {
+        StoreError::Locked {
+            path: path.parent().unwrap_or(path).display().to_string(),
+        }
+    } else {
+        StoreError::Storage(format!("opening {}: {text}", path.display()))
+    }
+}

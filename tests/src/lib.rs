@@ -1,0 +1,1 @@
+//! Placeholder until the crate is written.
