@@ -254,7 +254,7 @@ impl PartitionProcessor for NativeCounterInstance {
         self.txn = Some(txn);
     }
 
-    fn handle_input_rows(&mut self, key: &str, rows: &[String]) -> Result<Vec<String>, CallError> {
+    fn handle_input_rows(&mut self, key: &str, rows: &[&str]) -> Result<Vec<String>, CallError> {
         let batch = rows.len() as i64;
         let k = key.as_bytes();
         let (count, batch_counts, stats, calls_key) = (

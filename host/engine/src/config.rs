@@ -135,6 +135,12 @@ pub struct CommitRecord {
     pub keys: u64,
     /// Wall time of the batch in milliseconds.
     pub duration_ms: u64,
+    /// Milliseconds spent reading and decoding input.
+    pub read_ms: u64,
+    /// Milliseconds spent in processor calls (all partitions, in parallel).
+    pub process_ms: u64,
+    /// Milliseconds spent writing output and committing state.
+    pub commit_ms: u64,
 }
 
 /// Consumption of one input file, committed with every batch that read it.

@@ -1,9 +1,16 @@
 //! Decoding input: JSON Lines → (grouping key, row) → partition, grouped by key in
 //! arrival order.
+//!
+//! Decoding runs in two parallel phases. First, chunks of lines (split at line breaks)
+//! are scanned on all workers: each row is checked against the processor's input schema
+//! and its key columns are extracted in the same pass. Then each worker groups the rows of
+//! its own partitions, walking the chunks in input order so every key's rows keep their
+//! arrival order. Rows are never copied: groups hold slices of the batch's input text.
 
-use std::collections::HashMap;
+use std::ops::Range;
 
-use statebox_schema::RowScanner;
+use rustc_hash::FxHashMap;
+use statebox_schema::{RawValue, RowScanner};
 
 use crate::EngineError;
 use crate::source::FileRange;
@@ -18,99 +25,207 @@ pub(crate) struct Origin {
 }
 
 /// All rows of one grouping key in one batch.
-pub(crate) struct Group {
+pub(crate) struct Group<'a> {
     /// The key: a JSON array of the key columns' values.
     pub key: String,
     /// The rows, in arrival order.
-    pub rows: Vec<String>,
+    pub rows: Vec<&'a str>,
     /// Where each row came from.
     pub origins: Vec<Origin>,
 }
 
 /// One partition's input for a batch: groups in order of each key's first row.
 #[derive(Default)]
-pub(crate) struct PartitionInput {
-    groups: Vec<Group>,
-    index: HashMap<String, usize>,
+pub(crate) struct PartitionInput<'a> {
+    pub groups: Vec<Group<'a>>,
 }
 
-impl PartitionInput {
-    pub fn len(&self) -> usize {
-        self.groups.len()
-    }
-
-    pub fn groups(&self) -> &[Group] {
-        &self.groups
-    }
-
-    fn push(&mut self, key: String, row: String, origin: Origin) {
-        let i = match self.index.get(&key) {
-            Some(&i) => i,
-            None => {
-                let i = self.groups.len();
-                self.index.insert(key.clone(), i);
-                self.groups.push(Group {
-                    key,
-                    rows: Vec::new(),
-                    origins: Vec::new(),
-                });
-                i
-            }
-        };
-        let g = &mut self.groups[i];
-        g.rows.push(row);
-        g.origins.push(origin);
-    }
+/// The input text of one file range with the file's display name.
+pub(crate) struct Text<'a> {
+    pub text: &'a str,
+    pub range: &'a FileRange,
+    pub file_name: String,
 }
 
-/// Decodes one file range into the partitions. Returns the number of rows read.
-pub(crate) fn decode(
-    text: &str,
-    range: &FileRange,
-    file_idx: usize,
-    file_name: &str,
+/// A contiguous run of lines of one text.
+struct Chunk<'a> {
+    file: u32,
+    text: &'a str,
+    first_line: u64,
+}
+
+/// One decoded row of a chunk.
+struct Decoded<'a> {
+    partition: u32,
+    key: Range<u32>,
+    row: &'a str,
+    line: u64,
+}
+
+/// A chunk's decoded rows; keys live in one arena string.
+struct DecodedChunk<'a> {
+    file: u32,
+    keys: String,
+    rows: Vec<Decoded<'a>>,
+}
+
+/// Decodes every text of a batch into `partitions` groups using `workers` threads.
+pub(crate) fn decode<'a>(
+    texts: &[Text<'a>],
     scanner: &RowScanner,
     key_columns: &[String],
-    partitions: &mut [PartitionInput],
-) -> Result<u64, EngineError> {
-    let mut rows = 0;
-    let mut key = String::new();
-    for (i, line) in text.split('\n').enumerate() {
-        let line_no = range.first_line + i as u64;
+    partitions: usize,
+    workers: usize,
+) -> Result<(Vec<PartitionInput<'a>>, u64), EngineError> {
+    let chunks = split(texts, workers * 4);
+    let lanes = workers.min(chunks.len()).max(1);
+    let per_lane = chunks.len().div_ceil(lanes).max(1);
+    let decoded: Vec<Result<Vec<DecodedChunk<'a>>, EngineError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = chunks
+            .chunks(per_lane)
+            .map(|lane| {
+                s.spawn(move || {
+                    lane.iter()
+                        .map(|c| decode_chunk(c, texts, scanner, key_columns, partitions))
+                        .collect::<Result<Vec<_>, _>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("decoder panicked"))
+            .collect()
+    });
+    // Lanes are in input order, so the first error found is the earliest bad line.
+    let mut all = Vec::with_capacity(chunks.len());
+    for lane in decoded {
+        all.extend(lane?);
+    }
+    let rows = all.iter().map(|c| c.rows.len() as u64).sum();
+
+    let group_lanes = workers.min(partitions).max(1);
+    let all = &all;
+    let mut grouped: Vec<(usize, PartitionInput<'a>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..group_lanes)
+            .map(|lane| {
+                s.spawn(move || {
+                    (lane..partitions)
+                        .step_by(group_lanes)
+                        .map(|p| (p, group(all, p as u32)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("grouping worker panicked"))
+            .collect()
+    });
+    grouped.sort_by_key(|(p, _)| *p);
+    Ok((grouped.into_iter().map(|(_, g)| g).collect(), rows))
+}
+
+/// Splits the texts into about `target` chunks at line breaks, counting line numbers.
+fn split<'a>(texts: &[Text<'a>], target: usize) -> Vec<Chunk<'a>> {
+    let total: usize = texts.iter().map(|t| t.text.len()).sum();
+    let size = (total / target.max(1)).max(1 << 16);
+    let mut chunks = Vec::new();
+    for (file, t) in texts.iter().enumerate() {
+        let mut rest = t.text;
+        let mut line = t.range.first_line;
+        while !rest.is_empty() {
+            let cut = if rest.len() <= size {
+                rest.len()
+            } else {
+                rest[size..].find('\n').map_or(rest.len(), |i| size + i + 1)
+            };
+            let (head, tail) = rest.split_at(cut);
+            chunks.push(Chunk {
+                file: file as u32,
+                text: head,
+                first_line: line,
+            });
+            line += crate::source::count_lines(head.as_bytes());
+            rest = tail;
+        }
+    }
+    chunks
+}
+
+fn decode_chunk<'a>(
+    chunk: &Chunk<'a>,
+    texts: &[Text<'a>],
+    scanner: &RowScanner,
+    key_columns: &[String],
+    partitions: usize,
+) -> Result<DecodedChunk<'a>, EngineError> {
+    let mut out = DecodedChunk {
+        file: chunk.file,
+        keys: String::with_capacity(chunk.text.len() / 4),
+        rows: Vec::with_capacity(chunk.text.len() / 64),
+    };
+    let mut columns: Vec<Option<&RawValue>> = vec![None; key_columns.len()];
+    for (i, line) in chunk.text.split('\n').enumerate() {
+        let line_no = chunk.first_line + i as u64;
         let line = line.strip_suffix('\r').unwrap_or(line);
         if line.trim().is_empty() {
             continue;
         }
         let bad = |message: String| EngineError::Input {
-            file: file_name.to_owned(),
+            file: texts[chunk.file as usize].file_name.clone(),
             line: line_no,
             message,
         };
-        let columns = scanner.scan(line).map_err(|e| bad(e.to_string()))?;
-        key.clear();
-        key.push('[');
+        scanner
+            .scan_into(line, &mut columns)
+            .map_err(|e| bad(e.to_string()))?;
+        let start = out.keys.len();
+        out.keys.push('[');
         for (c, value) in key_columns.iter().zip(&columns) {
             let Some(value) = value else {
                 return Err(bad(format!("the row has no key column `{c}`")));
             };
-            if key.len() > 1 {
-                key.push(',');
+            if out.keys.len() > start + 1 {
+                out.keys.push(',');
             }
-            push_canonical(&mut key, value.get());
+            push_canonical(&mut out.keys, value.get());
         }
-        key.push(']');
-        let p = partition_of(key.as_bytes(), partitions.len());
-        partitions[p].push(
-            key.clone(),
-            line.to_owned(),
-            Origin {
-                file: file_idx as u32,
-                line: line_no,
-            },
-        );
-        rows += 1;
+        out.keys.push(']');
+        let partition = partition_of(&out.keys.as_bytes()[start..], partitions) as u32;
+        out.rows.push(Decoded {
+            partition,
+            key: start as u32..out.keys.len() as u32,
+            row: line,
+            line: line_no,
+        });
     }
-    Ok(rows)
+    Ok(out)
+}
+
+/// Groups partition `p`'s rows by key, in input order.
+fn group<'a>(chunks: &[DecodedChunk<'a>], p: u32) -> PartitionInput<'a> {
+    let mut index: FxHashMap<&str, usize> = FxHashMap::default();
+    let mut groups: Vec<Group<'a>> = Vec::new();
+    for chunk in chunks {
+        for row in chunk.rows.iter().filter(|r| r.partition == p) {
+            let key = &chunk.keys[row.key.start as usize..row.key.end as usize];
+            let i = *index.entry(key).or_insert_with(|| {
+                groups.push(Group {
+                    key: key.to_owned(),
+                    rows: Vec::new(),
+                    origins: Vec::new(),
+                });
+                groups.len() - 1
+            });
+            let g = &mut groups[i];
+            g.rows.push(row.row);
+            g.origins.push(Origin {
+                file: chunk.file,
+                line: row.line,
+            });
+        }
+    }
+    PartitionInput { groups }
 }
 
 /// Appends a key column's JSON in canonical form, so that equal values make equal keys
@@ -120,11 +235,11 @@ fn push_canonical(out: &mut String, raw: &str) {
     let simple_string =
         raw.len() >= 2 && raw.starts_with('"') && !raw[1..raw.len() - 1].contains(['\\', '"']);
     let simple_int = !raw.is_empty()
+        && raw != "-"
         && raw
             .bytes()
             .enumerate()
-            .all(|(i, b)| b.is_ascii_digit() || (i == 0 && b == b'-'))
-        && raw != "-";
+            .all(|(i, b)| b.is_ascii_digit() || (i == 0 && b == b'-'));
     if simple_string || simple_int {
         out.push_str(raw);
     } else {
@@ -150,6 +265,15 @@ pub(crate) fn partition_of(key: &[u8], partitions: usize) -> usize {
 mod tests {
     use super::*;
 
+    fn range(first_line: u64) -> FileRange {
+        FileRange {
+            file: "f".into(),
+            start: 0,
+            end: 0,
+            first_line,
+        }
+    }
+
     #[test]
     fn canonical_keys_ignore_spelling() {
         let mut a = String::new();
@@ -164,12 +288,60 @@ mod tests {
 
     #[test]
     fn partitioning_is_stable() {
-        // These values are part of the checkpoint format: changing them would move keys
-        // between partitions of existing checkpoints.
-        assert_eq!(partition_of(b"[\"u1\"]", 4), partition_of(b"[\"u1\"]", 4));
+        // Part of the checkpoint format: changing it would move keys between partitions
+        // of existing checkpoints.
         assert_eq!(
             partition_of(b"", 7),
             (0xcbf2_9ce4_8422_2325u64 % 7) as usize
         );
+        assert_eq!(partition_of(b"[\"u1\"]", 4), 3);
+    }
+
+    #[test]
+    fn groups_keep_arrival_order_across_chunks_and_workers() {
+        let mut text = String::new();
+        for i in 0..20_000 {
+            text.push_str(&format!("{{\"k\":\"k{}\",\"i\":{i}}}\n", i % 7));
+        }
+        let r = range(1);
+        let texts = [Text {
+            text: &text,
+            range: &r,
+            file_name: "f".into(),
+        }];
+        let scanner = RowScanner::new(None, vec!["k".into()]);
+        let (parts, rows) = decode(&texts, &scanner, &["k".into()], 3, 4).unwrap();
+        assert_eq!(rows, 20_000);
+        let mut seen = 0;
+        for p in &parts {
+            for g in &p.groups {
+                let idx: Vec<u64> = g.origins.iter().map(|o| o.line).collect();
+                assert!(
+                    idx.windows(2).all(|w| w[0] < w[1]),
+                    "rows of {} out of order",
+                    g.key
+                );
+                seen += g.rows.len();
+            }
+        }
+        assert_eq!(seen, 20_000);
+    }
+
+    #[test]
+    fn reports_the_first_bad_line() {
+        let text = "{\"k\":1}\n{\"k\":2}\nnot json\n{\"x\":1}\n";
+        let r = range(10);
+        let texts = [Text {
+            text,
+            range: &r,
+            file_name: "in.jsonl".into(),
+        }];
+        let scanner = RowScanner::new(None, vec!["k".into()]);
+        match decode(&texts, &scanner, &["k".into()], 2, 2) {
+            Err(EngineError::Input { file, line, .. }) => {
+                assert_eq!((file.as_str(), line), ("in.jsonl", 12));
+            }
+            other => panic!("expected an input error, got {:?}", other.map(|(_, r)| r)),
+        }
     }
 }

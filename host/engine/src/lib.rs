@@ -284,24 +284,11 @@ impl Query {
 
     fn try_run_batch(&mut self, plan: &BatchPlan) -> Result<BatchReport, EngineError> {
         let started = Instant::now();
-        let mut inputs: Vec<PartitionInput> = (0..self.config.partitions)
-            .map(|_| PartitionInput::default())
-            .collect();
-        let mut input_rows = 0u64;
+        let workers = self.workers();
+        let mut buffers = Vec::with_capacity(plan.ranges.len());
         let mut new_progress = Vec::new();
-        for (file_idx, range) in plan.ranges.iter().enumerate() {
+        for range in &plan.ranges {
             let text = self.source.read(range)?;
-            let file = self.source.path_of(&range.file).display().to_string();
-            let rows = input::decode(
-                &text,
-                range,
-                file_idx,
-                &file,
-                &self.scanner,
-                &self.config.key_columns,
-                &mut inputs,
-            )?;
-            input_rows += rows;
             let lines = range.first_line - 1
                 + source::count_lines(text.as_bytes())
                 + u64::from(!text.is_empty() && !text.ends_with('\n'));
@@ -312,14 +299,33 @@ impl Query {
                     lines,
                 },
             ));
+            buffers.push(text);
         }
-        let keys = inputs.iter().map(|p| p.len() as u64).sum();
+        let texts: Vec<input::Text<'_>> = buffers
+            .iter()
+            .zip(&plan.ranges)
+            .map(|(text, range)| input::Text {
+                text,
+                range,
+                file_name: self.source.path_of(&range.file).display().to_string(),
+            })
+            .collect();
+        let (inputs, input_rows) = input::decode(
+            &texts,
+            &self.scanner,
+            &self.config.key_columns,
+            self.instances.len(),
+            workers,
+        )?;
+        let keys = inputs.iter().map(|p| p.groups.len() as u64).sum();
+        let read_ms = started.elapsed().as_millis() as u64;
         let times = BatchTimes {
             batch_id: plan.batch_id,
             batch_timestamp_ms: plan.timestamp_ms,
             watermark_ms: plan.watermark_ms,
         };
         let results = self.execute(inputs, times, plan)?;
+        let process_ms = started.elapsed().as_millis() as u64 - read_ms;
 
         let mut txns = Vec::with_capacity(results.len());
         let mut output = Vec::new();
@@ -342,7 +348,10 @@ impl Query {
             input_rows,
             output_rows,
             keys,
-            duration_ms: started.elapsed().as_millis() as u64,
+            duration_ms: 0,
+            read_ms,
+            process_ms,
+            commit_ms: 0,
         };
         let (drop_vars, catalog_json) = {
             let mut catalog = self.catalog.lock().expect("catalog lock poisoned");
@@ -350,6 +359,11 @@ impl Query {
             let drops = catalog.take_changes();
             (drops, dirty.then(|| catalog.to_json()))
         };
+        // The record is written inside the commit, so the commit's own duration is
+        // estimated up to this point; the report returned below has the full figure.
+        let mut commit = commit;
+        commit.duration_ms = started.elapsed().as_millis() as u64;
+        commit.commit_ms = commit.duration_ms - read_ms - process_ms;
         let record = serde_json::to_vec(&commit).expect("serialises");
         let mut meta_writes = vec![
             (meta::commit(plan.batch_id), Some(record.clone())),
@@ -374,22 +388,27 @@ impl Query {
             self.progress.insert(file, p);
         }
         self.head = Some(commit.clone());
+        commit.duration_ms = started.elapsed().as_millis() as u64;
+        commit.commit_ms = commit.duration_ms - read_ms - process_ms;
         Ok(BatchReport { commit })
     }
 
     /// Calls the processor for every key of every partition, partitions in parallel.
+    fn workers(&self) -> usize {
+        self.opts
+            .workers
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+            .max(1)
+    }
+
     fn execute(
         &mut self,
-        inputs: Vec<PartitionInput>,
+        inputs: Vec<PartitionInput<'_>>,
         times: BatchTimes,
         plan: &BatchPlan,
     ) -> Result<Vec<PartitionResult>, EngineError> {
-        let workers = self
-            .opts
-            .workers
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-            .clamp(1, self.instances.len());
-        let mut lanes: Vec<Vec<Job>> = (0..workers).map(|_| Vec::new()).collect();
+        let workers = self.workers().min(self.instances.len());
+        let mut lanes: Vec<Vec<Job<'_>>> = (0..workers).map(|_| Vec::new()).collect();
         for (p, (instance, input)) in self.instances.iter_mut().zip(inputs).enumerate() {
             lanes[p % workers].push(Job {
                 partition: p as u16,
@@ -460,10 +479,10 @@ impl Query {
     }
 }
 
-struct Job {
+struct Job<'a> {
     partition: u16,
     instance: Option<Box<dyn PartitionProcessor>>,
-    input: PartitionInput,
+    input: PartitionInput<'a>,
 }
 
 struct PartitionResult {
@@ -478,7 +497,7 @@ type PartitionOutcome = (
 );
 
 fn run_partition(
-    job: Job,
+    job: Job<'_>,
     checkpoint: &Checkpoint,
     factory: &dyn ProcessorFactory,
     catalog: &Arc<Mutex<Catalog>>,
@@ -507,7 +526,7 @@ fn run_partition(
     instance.begin_batch(checkpoint.txn(partition), times);
     let mut rows = Vec::new();
     let mut failure = None;
-    for group in input.groups() {
+    for group in &input.groups {
         match instance.handle_input_rows(&group.key, &group.rows) {
             Ok(out) => rows.extend(out),
             Err(e) => {

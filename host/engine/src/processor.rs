@@ -10,7 +10,7 @@ pub trait PartitionProcessor: Send {
     /// Lends the instance the partition's transaction for a batch.
     fn begin_batch(&mut self, txn: PartitionTxn, times: BatchTimes);
     /// Handles all rows of one key; returns the emitted rows (JSON objects).
-    fn handle_input_rows(&mut self, key: &str, rows: &[String]) -> Result<Vec<String>, CallError>;
+    fn handle_input_rows(&mut self, key: &str, rows: &[&str]) -> Result<Vec<String>, CallError>;
     /// Handles one expired timer of a key; returns the emitted rows.
     fn handle_expired_timer(&mut self, key: &str, expiry_ms: i64)
     -> Result<Vec<String>, CallError>;
@@ -49,7 +49,7 @@ impl PartitionProcessor for Instance {
         Instance::begin_batch(self, txn, times)
     }
 
-    fn handle_input_rows(&mut self, key: &str, rows: &[String]) -> Result<Vec<String>, CallError> {
+    fn handle_input_rows(&mut self, key: &str, rows: &[&str]) -> Result<Vec<String>, CallError> {
         Instance::handle_input_rows(self, key, rows)
     }
 

@@ -7,6 +7,7 @@ wasmtime::component::bindgen!({
     world: "stateful-processor",
     path: "../../wit",
     imports: { default: trappable },
+    ownership: Borrowing { duplicate_if_necessary: true },
     with: {
         "statebox:processor/state.value-state": crate::host::ValueStateRes,
         "statebox:processor/state.list-state": crate::host::ListStateRes,

@@ -424,14 +424,13 @@ impl Instance {
     pub fn handle_input_rows(
         &mut self,
         key: &str,
-        rows: &[String],
+        rows: &[&str],
     ) -> Result<Vec<String>, CallError> {
         self.store.data_mut().begin_call(key);
         let tv = self.store.data().timer_values();
-        let key_owned = key.to_owned();
         let result = self.call(Function::HandleInputRows, Some(key), |b, s| {
             b.statebox_processor_processor()
-                .call_handle_input_rows(s, &key_owned, rows, tv)
+                .call_handle_input_rows(s, key, rows, tv)
         });
         self.finish_call(Function::HandleInputRows, key, result)
     }
@@ -444,13 +443,12 @@ impl Instance {
     ) -> Result<Vec<String>, CallError> {
         self.store.data_mut().begin_call(key);
         let tv = self.store.data().timer_values();
-        let key_owned = key.to_owned();
         let info = guest::ExpiredTimerInfo {
             expiry_time_ms: expiry_ms,
         };
         let result = self.call(Function::HandleExpiredTimer, Some(key), |b, s| {
             b.statebox_processor_processor()
-                .call_handle_expired_timer(s, &key_owned, tv, info)
+                .call_handle_expired_timer(s, key, tv, info)
         });
         self.finish_call(Function::HandleExpiredTimer, key, result)
     }
@@ -459,10 +457,9 @@ impl Instance {
     pub fn handle_initial_state(&mut self, key: &str, row: &str) -> Result<(), CallError> {
         self.store.data_mut().begin_call(key);
         let tv = self.store.data().timer_values();
-        let (key_owned, row_owned) = (key.to_owned(), row.to_owned());
         let result = self.call(Function::HandleInitialState, Some(key), |b, s| {
             b.statebox_processor_processor()
-                .call_handle_initial_state(s, &key_owned, &row_owned, tv)
+                .call_handle_initial_state(s, key, row, tv)
         });
         self.store.data_mut().end_call();
         result.map(|_| ())
