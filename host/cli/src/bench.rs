@@ -101,6 +101,8 @@ fn count(args: CountArgs) -> anyhow::Result<()> {
             time_mode: None,
             max_files_per_batch: 1,
             workers: None,
+            event_time: None,
+            output_event_time_column: None,
         };
         let started = Instant::now();
         let mut query = Query::open(opts, factory)?;
@@ -310,6 +312,10 @@ impl PartitionProcessor for NativeCounterInstance {
 
     fn handle_initial_state(&mut self, _key: &str, _row: &str) -> Result<(), CallError> {
         Ok(())
+    }
+
+    fn txn_mut(&mut self) -> Option<&mut PartitionTxn> {
+        self.txn.as_mut()
     }
 
     fn end_batch(&mut self) -> Option<PartitionTxn> {

@@ -2,6 +2,7 @@
 
 mod bench;
 mod plugin;
+mod scenario;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -10,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use statebox_engine::{OutputMode, Query, QueryOptions, TimeMode};
+use statebox_engine::{EventTimeOptions, OutputMode, Query, QueryOptions, TimeMode};
 use statebox_runtime::{Limits, Runtime, RuntimeConfig};
 
 // The batch pipeline allocates and frees millions of small buffers per batch; glibc's
@@ -33,6 +34,8 @@ struct Cli {
 enum Command {
     /// Run a processor over JSON Lines input until all available input is processed.
     Run(RunArgs),
+    /// Run a scenario file: explicit batches, times, restarts and expected output.
+    Test(scenario::TestArgs),
     /// Measure throughput of the real pipeline.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -67,8 +70,72 @@ struct RunArgs {
     /// Files read per micro-batch.
     #[arg(long, default_value_t = 1)]
     max_files_per_batch: usize,
+    /// Input column with each row's event time (epoch ms or ISO-8601); event-time mode.
+    #[arg(long, requires = "watermark_delay")]
+    event_time: Option<String>,
+    /// How far the watermark trails the largest event time seen, e.g. `10s`, `500ms`, `1m`.
+    #[arg(long, value_parser = parse_duration_ms, requires = "event_time")]
+    watermark_delay: Option<i64>,
+    /// Output column with each emitted row's event time (overrides the processor's).
+    #[arg(long)]
+    output_event_time: Option<String>,
+    /// `available-now` (process what exists, then exit) or `interval=DURATION` (keep
+    /// running, one batch per interval, including no-data batches; Ctrl-C stops cleanly).
+    #[arg(long, default_value = "available-now", value_parser = parse_trigger)]
+    trigger: Trigger,
     #[command(flatten)]
     sandbox: SandboxArgs,
+}
+
+/// When batches run.
+#[derive(Clone, Copy, Debug)]
+enum Trigger {
+    /// Process all available input, then exit.
+    AvailableNow,
+    /// Run a batch every interval until interrupted.
+    Interval(Duration),
+}
+
+fn parse_trigger(s: &str) -> Result<Trigger, String> {
+    if s == "available-now" {
+        return Ok(Trigger::AvailableNow);
+    }
+    match s.strip_prefix("interval=") {
+        Some(d) => {
+            let ms = parse_duration_ms(d)?;
+            if ms <= 0 {
+                return Err("the trigger interval must be positive".into());
+            }
+            Ok(Trigger::Interval(Duration::from_millis(ms as u64)))
+        }
+        None => Err(format!(
+            "unknown trigger `{s}` (expected available-now or interval=DURATION)"
+        )),
+    }
+}
+
+/// Parses `1500`, `1500ms`, `10s`, `5m`, `2h` or `1d` into milliseconds.
+pub(crate) fn parse_duration_ms(s: &str) -> Result<i64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let n: i64 = digits
+        .parse()
+        .map_err(|_| format!("invalid duration `{s}` (e.g. 500ms, 10s, 5m)"))?;
+    let factor = match unit.trim() {
+        "" | "ms" => 1,
+        "s" => 1_000,
+        "m" | "min" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        other => {
+            return Err(format!(
+                "unknown duration unit `{other}` in `{s}` (use ms, s, m, h or d)"
+            ));
+        }
+    };
+    n.checked_mul(factor)
+        .ok_or_else(|| format!("duration `{s}` is too large"))
 }
 
 /// Sandbox limits for every processor call.
@@ -122,6 +189,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run(args),
+        Command::Test(args) => scenario::run(args),
         Command::Bench(cmd) => bench::run(cmd),
     };
     match result {
@@ -149,20 +217,93 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         time_mode: args.time_mode,
         max_files_per_batch: args.max_files_per_batch,
         workers: None,
+        event_time: args.event_time.map(|column| EventTimeOptions {
+            column,
+            watermark_delay_ms: args.watermark_delay.unwrap_or(0),
+        }),
+        output_event_time_column: args.output_event_time,
     };
     let mut query = Query::open(opts, Arc::new(processor))?;
-    let reports = query.run_available(|r| {
+    let report = |r: &statebox_engine::BatchReport| {
         let c = &r.commit;
         eprintln!(
-            "batch {}: {} rows, {} keys, {} output rows in {} ms (read {} ms, process {} ms, commit {} ms)",
-            c.batch_id, c.input_rows, c.keys, c.output_rows, c.duration_ms, c.read_ms, c.process_ms, c.commit_ms
+            "batch {}: {} rows, {} keys, {} output rows, {} late, {} timers fired, {} expired by TTL, \
+             watermark {} in {} ms (read {} ms, process {} ms, commit {} ms)",
+            c.batch_id,
+            c.input_rows,
+            c.keys,
+            c.output_rows,
+            c.late_rows,
+            c.timers_fired,
+            c.ttl_removed,
+            c.watermark_ms,
+            c.duration_ms,
+            c.read_ms,
+            c.process_ms,
+            c.commit_ms
         );
-    })?;
-    if reports.is_empty() {
-        eprintln!(
-            "no new input; output is up to date in {}",
-            args.output.display()
-        );
+    };
+    match args.trigger {
+        Trigger::AvailableNow => {
+            let reports = query.run_available(report)?;
+            if reports.is_empty() {
+                eprintln!(
+                    "no new input; output is up to date in {}",
+                    args.output.display()
+                );
+            }
+        }
+        Trigger::Interval(every) => {
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let flag = stop.clone();
+            ctrlc::set_handler(move || flag.store(true, std::sync::atomic::Ordering::SeqCst))
+                .context("cannot install the Ctrl-C handler")?;
+            let time_mode = query.config().time_mode;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let started = std::time::Instant::now();
+                match query.run_next(None)? {
+                    Some(r) => report(&r),
+                    // Without new input, a no-data batch still fires timers and TTL.
+                    None if time_mode != TimeMode::None => report(&query.run_no_data(None)?),
+                    None => {}
+                }
+                let elapsed = started.elapsed();
+                let mut left = every.saturating_sub(elapsed);
+                while !left.is_zero() && !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let step = left.min(Duration::from_millis(50));
+                    std::thread::sleep(step);
+                    left -= step;
+                }
+            }
+            eprintln!("stopped after the last committed batch");
+        }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration_ms("1500"), Ok(1500));
+        assert_eq!(parse_duration_ms("10s"), Ok(10_000));
+        assert_eq!(parse_duration_ms("5m"), Ok(300_000));
+        assert!(parse_duration_ms("10 parsecs").is_err());
+        assert!(parse_duration_ms("s").is_err());
+    }
+
+    #[test]
+    fn triggers_parse() {
+        assert!(matches!(
+            parse_trigger("available-now"),
+            Ok(Trigger::AvailableNow)
+        ));
+        assert!(
+            matches!(parse_trigger("interval=1s"), Ok(Trigger::Interval(d)) if d == Duration::from_secs(1))
+        );
+        assert!(parse_trigger("interval=0s").is_err());
+        assert!(parse_trigger("sometimes").is_err());
+    }
 }

@@ -16,8 +16,13 @@ pub(crate) fn resolve(path: &Path) -> anyhow::Result<PathBuf> {
         .with_context(|| format!("{} is a folder without a Cargo.toml", path.display()))?;
     let name = package_name(&text)
         .with_context(|| format!("no [package] name in {}", manifest.display()))?;
+    // Plugins get their own target directory: next to a shared CARGO_TARGET_DIR if there
+    // is one (so repeated builds are warm), else inside the plugin folder.
     let target_dir = std::env::var_os("STATEBOX_WASM_TARGET_DIR")
         .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("CARGO_TARGET_DIR").map(|d| PathBuf::from(d).join("wasm-plugins"))
+        })
         .unwrap_or_else(|| path.join("target"));
     eprintln!("building plugin {name} for wasm32-wasip2 ...");
     let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))

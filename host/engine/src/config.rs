@@ -99,6 +99,12 @@ pub struct QueryConfig {
     pub time_mode: TimeMode,
     /// Name of the processor that created the checkpoint (informational).
     pub operator_name: String,
+    /// The input column holding event time (event-time mode).
+    #[serde(default)]
+    pub event_time_column: Option<String>,
+    /// How far the watermark trails the largest event time seen, in milliseconds.
+    #[serde(default)]
+    pub watermark_delay_ms: i64,
 }
 
 /// The offset log entry: what batch `batch_id` reads and at which times. Written durably
@@ -141,6 +147,23 @@ pub struct CommitRecord {
     pub process_ms: u64,
     /// Milliseconds spent writing output and committing state.
     pub commit_ms: u64,
+    /// Input rows dropped as late (event time at or before the watermark).
+    #[serde(default)]
+    pub late_rows: u64,
+    /// Timers that fired.
+    #[serde(default)]
+    pub timers_fired: u64,
+    /// State values, list elements and map entries removed by TTL.
+    #[serde(default)]
+    pub ttl_removed: u64,
+    /// The watermark the next batch runs with: the largest event time seen so far minus
+    /// the delay, never decreasing. -1 outside event-time mode.
+    #[serde(default = "no_watermark")]
+    pub next_watermark_ms: i64,
+}
+
+fn no_watermark() -> i64 {
+    -1
 }
 
 /// Consumption of one input file, committed with every batch that read it.

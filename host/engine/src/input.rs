@@ -54,6 +54,27 @@ struct Chunk<'a> {
     first_line: u64,
 }
 
+/// Event-time handling while decoding: which scanned column holds event time and the
+/// watermark that decides lateness.
+#[derive(Clone, Copy)]
+pub(crate) struct EventTime<'c> {
+    /// The event-time column's name.
+    pub column: &'c str,
+    /// Rows with event time at or before this are late and dropped.
+    pub watermark_ms: i64,
+}
+
+/// What decoding a batch produced besides the groups.
+#[derive(Default, Debug, Clone, Copy)]
+pub(crate) struct DecodeStats {
+    /// Rows handed to the processor.
+    pub rows: u64,
+    /// Rows dropped as late.
+    pub late_rows: u64,
+    /// The largest event time among all rows read (late ones included), if any.
+    pub max_event_time_ms: Option<i64>,
+}
+
 /// One decoded row of a chunk.
 struct Decoded<'a> {
     partition: u32,
@@ -67,6 +88,8 @@ struct DecodedChunk<'a> {
     file: u32,
     keys: String,
     rows: Vec<Decoded<'a>>,
+    late_rows: u64,
+    max_event_time_ms: Option<i64>,
 }
 
 /// Decodes every text of a batch into `partitions` groups using `workers` threads.
@@ -74,9 +97,10 @@ pub(crate) fn decode<'a>(
     texts: &[Text<'a>],
     scanner: &RowScanner,
     key_columns: &[String],
+    event_time: Option<EventTime<'_>>,
     partitions: usize,
     workers: usize,
-) -> Result<(Vec<PartitionInput<'a>>, u64), EngineError> {
+) -> Result<(Vec<PartitionInput<'a>>, DecodeStats), EngineError> {
     let chunks = split(texts, workers * 4);
     let lanes = workers.min(chunks.len()).max(1);
     let per_lane = chunks.len().div_ceil(lanes).max(1);
@@ -86,7 +110,9 @@ pub(crate) fn decode<'a>(
             .map(|lane| {
                 s.spawn(move || {
                     lane.iter()
-                        .map(|c| decode_chunk(c, texts, scanner, key_columns, partitions))
+                        .map(|c| {
+                            decode_chunk(c, texts, scanner, key_columns, event_time, partitions)
+                        })
                         .collect::<Result<Vec<_>, _>>()
                 })
             })
@@ -101,7 +127,11 @@ pub(crate) fn decode<'a>(
     for lane in decoded {
         all.extend(lane?);
     }
-    let rows = all.iter().map(|c| c.rows.len() as u64).sum();
+    let stats = DecodeStats {
+        rows: all.iter().map(|c| c.rows.len() as u64).sum(),
+        late_rows: all.iter().map(|c| c.late_rows).sum(),
+        max_event_time_ms: all.iter().filter_map(|c| c.max_event_time_ms).max(),
+    };
 
     let group_lanes = workers.min(partitions).max(1);
     let all = &all;
@@ -122,7 +152,7 @@ pub(crate) fn decode<'a>(
             .collect()
     });
     grouped.sort_by_key(|(p, _)| *p);
-    Ok((grouped.into_iter().map(|(_, g)| g).collect(), rows))
+    Ok((grouped.into_iter().map(|(_, g)| g).collect(), stats))
 }
 
 /// Splits the texts into about `target` chunks at line breaks, counting line numbers.
@@ -157,14 +187,18 @@ fn decode_chunk<'a>(
     texts: &[Text<'a>],
     scanner: &RowScanner,
     key_columns: &[String],
+    event_time: Option<EventTime<'_>>,
     partitions: usize,
 ) -> Result<DecodedChunk<'a>, EngineError> {
     let mut out = DecodedChunk {
         file: chunk.file,
         keys: String::with_capacity(chunk.text.len() / 4),
         rows: Vec::with_capacity(chunk.text.len() / 64),
+        late_rows: 0,
+        max_event_time_ms: None,
     };
-    let mut columns: Vec<Option<&RawValue>> = vec![None; key_columns.len()];
+    // The scanner extracts the key columns and then, in event-time mode, the event time.
+    let mut columns: Vec<Option<&RawValue>> = vec![None; scanner.columns().len()];
     for (i, line) in chunk.text.split('\n').enumerate() {
         let line_no = chunk.first_line + i as u64;
         let line = line.strip_suffix('\r').unwrap_or(line);
@@ -179,6 +213,21 @@ fn decode_chunk<'a>(
         scanner
             .scan_into(line, &mut columns)
             .map_err(|e| bad(e.to_string()))?;
+        if let Some(et) = event_time {
+            let Some(raw) = columns[key_columns.len()] else {
+                return Err(bad(format!(
+                    "the row has no event-time column `{}`",
+                    et.column
+                )));
+            };
+            let ts = statebox_schema::timestamp_millis(raw.get())
+                .map_err(|e| bad(format!("event-time column `{}`: {e}", et.column)))?;
+            out.max_event_time_ms = out.max_event_time_ms.max(Some(ts));
+            if ts <= et.watermark_ms {
+                out.late_rows += 1;
+                continue;
+            }
+        }
         let start = out.keys.len();
         out.keys.push('[');
         for (c, value) in key_columns.iter().zip(&columns) {
@@ -310,8 +359,8 @@ mod tests {
             file_name: "f".into(),
         }];
         let scanner = RowScanner::new(None, vec!["k".into()]);
-        let (parts, rows) = decode(&texts, &scanner, &["k".into()], 3, 4).unwrap();
-        assert_eq!(rows, 20_000);
+        let (parts, stats) = decode(&texts, &scanner, &["k".into()], None, 3, 4).unwrap();
+        assert_eq!(stats.rows, 20_000);
         let mut seen = 0;
         for p in &parts {
             for g in &p.groups {
@@ -328,6 +377,28 @@ mod tests {
     }
 
     #[test]
+    fn late_rows_are_dropped_and_counted() {
+        let text = "{\"k\":1,\"ts\":5}\n{\"k\":1,\"ts\":10}\n{\"k\":2,\"ts\":\"1970-01-01T00:00:00.020Z\"}\n";
+        let r = range(1);
+        let texts = [Text {
+            text,
+            range: &r,
+            file_name: "f".into(),
+        }];
+        let scanner = RowScanner::new(None, vec!["k".into(), "ts".into()]);
+        let et = EventTime {
+            column: "ts",
+            watermark_ms: 10,
+        };
+        let (parts, stats) = decode(&texts, &scanner, &["k".into()], Some(et), 1, 1).unwrap();
+        assert_eq!(
+            (stats.rows, stats.late_rows, stats.max_event_time_ms),
+            (1, 2, Some(20))
+        );
+        assert_eq!(parts[0].groups[0].key, "[2]");
+    }
+
+    #[test]
     fn reports_the_first_bad_line() {
         let text = "{\"k\":1}\n{\"k\":2}\nnot json\n{\"x\":1}\n";
         let r = range(10);
@@ -337,11 +408,11 @@ mod tests {
             file_name: "in.jsonl".into(),
         }];
         let scanner = RowScanner::new(None, vec!["k".into()]);
-        match decode(&texts, &scanner, &["k".into()], 2, 2) {
+        match decode(&texts, &scanner, &["k".into()], None, 2, 2) {
             Err(EngineError::Input { file, line, .. }) => {
                 assert_eq!((file.as_str(), line), ("in.jsonl", 12));
             }
-            other => panic!("expected an input error, got {:?}", other.map(|(_, r)| r)),
+            other => panic!("expected an input error, got {:?}", other.map(|(_, s)| s)),
         }
     }
 }

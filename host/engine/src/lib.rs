@@ -14,6 +14,7 @@
 
 mod config;
 mod input;
+mod partition;
 mod processor;
 mod sink;
 mod source;
@@ -24,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use statebox_runtime::catalog::Catalog;
-use statebox_runtime::{BatchTimes, CallError, CallErrorKind, InstanceConfig};
+use statebox_runtime::{BatchTimes, CallError, CallErrorKind};
 use statebox_state::{Checkpoint, Commit, StoreError};
 
 use crate::config::meta;
@@ -84,6 +85,19 @@ pub struct QueryOptions {
     pub max_files_per_batch: usize,
     /// Worker threads (default: the machine's cores).
     pub workers: Option<usize>,
+    /// Event time: the input column and the watermark delay (event-time mode only).
+    pub event_time: Option<EventTimeOptions>,
+    /// The output column holding event time, overriding the processor's declaration.
+    pub output_event_time_column: Option<String>,
+}
+
+/// Where event time comes from and how far the watermark trails it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventTimeOptions {
+    /// Input column with epoch milliseconds or an ISO-8601 timestamp.
+    pub column: String,
+    /// Watermark = largest event time seen − this delay.
+    pub watermark_delay_ms: i64,
 }
 
 /// What one batch did.
@@ -140,6 +154,11 @@ impl Query {
                     EngineError::Config(format!("checkpoint query record is unreadable: {e}"))
                 })?;
                 check_restart(&stored, &opts)?;
+                let mut stored = stored;
+                // The watermark delay may change between runs, as in Spark.
+                if let Some(e) = &opts.event_time {
+                    stored.watermark_delay_ms = e.watermark_delay_ms;
+                }
                 stored
             }
             None => {
@@ -150,7 +169,13 @@ impl Query {
                     output_mode: opts.output_mode.unwrap_or(OutputMode::Update),
                     time_mode: opts.time_mode.unwrap_or(TimeMode::None),
                     operator_name: factory.info().name.clone(),
+                    event_time_column: opts.event_time.as_ref().map(|e| e.column.clone()),
+                    watermark_delay_ms: opts
+                        .event_time
+                        .as_ref()
+                        .map_or(0, |e| e.watermark_delay_ms),
                 };
+                check_time_settings(&config)?;
                 if config.partitions == 0 {
                     return Err(EngineError::Config(
                         "--partitions must be at least 1".into(),
@@ -184,10 +209,10 @@ impl Query {
         }
         let sink = Sink::open(&opts.output, head.as_ref().map_or(0, |h| h.output_bytes))?;
         let source = FileSource::new(&opts.input)?;
-        let scanner = statebox_schema::RowScanner::new(
-            factory.info().input_schema.clone(),
-            config.key_columns.clone(),
-        );
+        let mut columns = config.key_columns.clone();
+        columns.extend(config.event_time_column.clone());
+        let scanner =
+            statebox_schema::RowScanner::new(factory.info().input_schema.clone(), columns);
         let instances = (0..config.partitions).map(|_| None).collect();
         Ok(Query {
             opts,
@@ -221,45 +246,87 @@ impl Query {
         mut on_batch: impl FnMut(&BatchReport),
     ) -> Result<Vec<BatchReport>, EngineError> {
         let mut reports = Vec::new();
-        while let Some(plan) = self.next_plan()? {
-            let report = self.run_batch(&plan)?;
+        while let Some(report) = self.run_next(None)? {
             on_batch(&report);
             reports.push(report);
         }
         Ok(reports)
     }
 
-    fn next_batch_id(&self) -> u64 {
-        self.head.as_ref().map_or(0, |h| h.batch_id + 1)
-    }
-
-    /// The pending plan if the last run died mid-batch, else a new plan over unread input.
-    fn next_plan(&mut self) -> Result<Option<BatchPlan>, EngineError> {
-        let batch_id = self.next_batch_id();
-        if let Some(bytes) = self.checkpoint.get_meta(&meta::plan(batch_id))? {
-            let plan: BatchPlan = serde_json::from_slice(&bytes).map_err(|e| {
-                EngineError::Config(format!("checkpoint batch plan is unreadable: {e}"))
-            })?;
-            tracing::info!(batch_id, "re-running uncommitted batch from its plan");
-            return Ok(Some(plan));
+    /// Runs the next batch over new input (or re-runs a batch that was planned but not
+    /// committed), at batch timestamp `at_ms` (default: now). When there is no new input
+    /// but the watermark has advanced past the one the last batch ran with, runs a no-data
+    /// batch so event-time timers and TTL fire. Returns `None` when there is nothing to do.
+    pub fn run_next(&mut self, at_ms: Option<i64>) -> Result<Option<BatchReport>, EngineError> {
+        if let Some(plan) = self.pending_plan()? {
+            return self.run_batch(&plan).map(Some);
         }
         let ranges = self
             .source
             .next_ranges(&self.progress, self.opts.max_files_per_batch)?;
-        if ranges.is_empty() {
+        let watermark_advanced = self
+            .head
+            .as_ref()
+            .is_some_and(|h| h.next_watermark_ms > h.watermark_ms);
+        if ranges.is_empty() && !watermark_advanced {
             return Ok(None);
         }
+        let plan = self.plan(ranges, at_ms)?;
+        self.run_batch(&plan).map(Some)
+    }
+
+    /// Runs a batch without input at batch timestamp `at_ms` (default: now), so that
+    /// processing-time timers and TTL fire (also used by interval triggers).
+    pub fn run_no_data(&mut self, at_ms: Option<i64>) -> Result<BatchReport, EngineError> {
+        let plan = match self.pending_plan()? {
+            Some(plan) => plan,
+            None => self.plan(Vec::new(), at_ms)?,
+        };
+        self.run_batch(&plan)
+    }
+
+    fn next_batch_id(&self) -> u64 {
+        self.head.as_ref().map_or(0, |h| h.batch_id + 1)
+    }
+
+    /// The plan of a batch that was planned but never committed (the process died).
+    fn pending_plan(&self) -> Result<Option<BatchPlan>, EngineError> {
+        let batch_id = self.next_batch_id();
+        let Some(bytes) = self.checkpoint.get_meta(&meta::plan(batch_id))? else {
+            return Ok(None);
+        };
+        let plan: BatchPlan = serde_json::from_slice(&bytes).map_err(|e| {
+            EngineError::Config(format!("checkpoint batch plan is unreadable: {e}"))
+        })?;
+        tracing::info!(batch_id, "re-running uncommitted batch from its plan");
+        Ok(Some(plan))
+    }
+
+    /// Plans the next batch and logs the plan durably before it runs.
+    fn plan(
+        &mut self,
+        ranges: Vec<FileRange>,
+        at_ms: Option<i64>,
+    ) -> Result<BatchPlan, EngineError> {
+        let batch_id = self.next_batch_id();
+        let watermark_ms = match (self.config.time_mode, &self.head) {
+            (TimeMode::EventTime, Some(h)) => h.next_watermark_ms.max(0),
+            (TimeMode::EventTime, None) => 0,
+            _ => -1,
+        };
+        // The batch timestamp never goes backwards, even if the wall clock does.
+        let floor = self.head.as_ref().map_or(i64::MIN, |h| h.timestamp_ms);
         let plan = BatchPlan {
             batch_id,
-            timestamp_ms: now_ms(),
-            watermark_ms: -1,
+            timestamp_ms: at_ms.unwrap_or_else(now_ms).max(floor),
+            watermark_ms,
             ranges,
         };
         self.checkpoint.put_meta_sync(
             &meta::plan(batch_id),
             &serde_json::to_vec(&plan).expect("serialises"),
         )?;
-        Ok(Some(plan))
+        Ok(plan)
     }
 
     /// Runs one planned batch and commits it. On failure nothing is committed, the plan is
@@ -310,13 +377,22 @@ impl Query {
                 file_name: self.source.path_of(&range.file).display().to_string(),
             })
             .collect();
-        let (inputs, input_rows) = input::decode(
+        let event_time = match (self.config.time_mode, &self.config.event_time_column) {
+            (TimeMode::EventTime, Some(column)) => Some(input::EventTime {
+                column,
+                watermark_ms: plan.watermark_ms,
+            }),
+            _ => None,
+        };
+        let (inputs, stats) = input::decode(
             &texts,
             &self.scanner,
             &self.config.key_columns,
+            event_time,
             self.instances.len(),
             workers,
         )?;
+        let input_rows = stats.rows;
         let keys = inputs.iter().map(|p| p.groups.len() as u64).sum();
         let read_ms = started.elapsed().as_millis() as u64;
         let times = BatchTimes {
@@ -330,7 +406,10 @@ impl Query {
         let mut txns = Vec::with_capacity(results.len());
         let mut output = Vec::new();
         let mut output_rows = 0u64;
+        let (mut timers_fired, mut ttl_removed) = (0, 0);
         for r in results {
+            timers_fired += r.timers_fired;
+            ttl_removed += r.ttl_removed;
             txns.push(r.txn);
             for row in r.rows {
                 output.extend_from_slice(row.as_bytes());
@@ -352,6 +431,18 @@ impl Query {
             read_ms,
             process_ms,
             commit_ms: 0,
+            late_rows: stats.late_rows,
+            timers_fired,
+            ttl_removed,
+            next_watermark_ms: match self.config.time_mode {
+                TimeMode::EventTime => {
+                    let seen = stats.max_event_time_ms.map_or(i64::MIN, |m| {
+                        m.saturating_sub(self.config.watermark_delay_ms)
+                    });
+                    plan.watermark_ms.max(seen)
+                }
+                _ => -1,
+            },
         };
         let (drop_vars, catalog_json) = {
             let mut catalog = self.catalog.lock().expect("catalog lock poisoned");
@@ -406,37 +497,30 @@ impl Query {
         inputs: Vec<PartitionInput<'_>>,
         times: BatchTimes,
         plan: &BatchPlan,
-    ) -> Result<Vec<PartitionResult>, EngineError> {
+    ) -> Result<Vec<partition::PartitionResult>, EngineError> {
         let workers = self.workers().min(self.instances.len());
-        let mut lanes: Vec<Vec<Job<'_>>> = (0..workers).map(|_| Vec::new()).collect();
+        let mut lanes: Vec<Vec<partition::Job<'_>>> = (0..workers).map(|_| Vec::new()).collect();
         for (p, (instance, input)) in self.instances.iter_mut().zip(inputs).enumerate() {
-            lanes[p % workers].push(Job {
+            lanes[p % workers].push(partition::Job {
                 partition: p as u16,
                 instance: instance.take(),
                 input,
             });
         }
-        let checkpoint = &self.checkpoint;
-        let factory = &*self.factory;
-        let catalog = &self.catalog;
-        let time_mode: statebox_runtime::TimeMode = self.config.time_mode.into();
-        let finished: Vec<
-            Vec<(
-                u16,
-                Option<Box<dyn PartitionProcessor>>,
-                Result<PartitionResult, (CallError, Option<Origin>)>,
-            )>,
-        > = std::thread::scope(|s| {
+        let ctx = partition::Context {
+            checkpoint: &self.checkpoint,
+            factory: &*self.factory,
+            catalog: &self.catalog,
+            time_mode: self.config.time_mode,
+            output_event_time_column: self.opts.output_event_time_column.as_deref(),
+            times,
+        };
+        let ctx = &ctx;
+        let finished: Vec<Vec<partition::Outcome>> = std::thread::scope(|s| {
             let handles: Vec<_> = lanes
                 .into_iter()
                 .map(|lane| {
-                    s.spawn(move || {
-                        lane.into_iter()
-                            .map(|job| {
-                                run_partition(job, checkpoint, factory, catalog, time_mode, times)
-                            })
-                            .collect::<Vec<_>>()
-                    })
+                    s.spawn(move || lane.into_iter().map(|job| ctx.run(job)).collect::<Vec<_>>())
                 })
                 .collect();
             handles
@@ -444,7 +528,7 @@ impl Query {
                 .map(|h| h.join().expect("partition worker panicked"))
                 .collect()
         });
-        let mut results: Vec<Option<PartitionResult>> =
+        let mut results: Vec<Option<partition::PartitionResult>> =
             (0..self.instances.len()).map(|_| None).collect();
         let mut first_error: Option<(u16, CallError, Option<Origin>)> = None;
         for (p, instance, result) in finished.into_iter().flatten() {
@@ -479,77 +563,6 @@ impl Query {
     }
 }
 
-struct Job<'a> {
-    partition: u16,
-    instance: Option<Box<dyn PartitionProcessor>>,
-    input: PartitionInput<'a>,
-}
-
-struct PartitionResult {
-    txn: statebox_state::PartitionTxn,
-    rows: Vec<String>,
-}
-
-type PartitionOutcome = (
-    u16,
-    Option<Box<dyn PartitionProcessor>>,
-    Result<PartitionResult, (CallError, Option<Origin>)>,
-);
-
-fn run_partition(
-    job: Job<'_>,
-    checkpoint: &Checkpoint,
-    factory: &dyn ProcessorFactory,
-    catalog: &Arc<Mutex<Catalog>>,
-    time_mode: statebox_runtime::TimeMode,
-    times: BatchTimes,
-) -> PartitionOutcome {
-    let Job {
-        partition,
-        instance,
-        input,
-    } = job;
-    let mut instance = match instance {
-        Some(i) => i,
-        None => {
-            let config = InstanceConfig {
-                time_mode,
-                catalog: catalog.clone(),
-                partition,
-            };
-            match factory.instantiate(config) {
-                Ok(i) => i,
-                Err(e) => return (partition, None, Err((e, None))),
-            }
-        }
-    };
-    instance.begin_batch(checkpoint.txn(partition), times);
-    let mut rows = Vec::new();
-    let mut failure = None;
-    for group in &input.groups {
-        match instance.handle_input_rows(&group.key, &group.rows) {
-            Ok(out) => rows.extend(out),
-            Err(e) => {
-                let origin = match &e.kind {
-                    CallErrorKind::BadInputRow { index, .. } => {
-                        group.origins.get(*index as usize).copied()
-                    }
-                    _ => None,
-                };
-                failure = Some((e, origin));
-                break;
-            }
-        }
-    }
-    let txn = instance.end_batch();
-    let result = match (failure, txn) {
-        (Some(f), _) => Err(f),
-        (None, Some(txn)) => Ok(PartitionResult { txn, rows }),
-        (None, None) => unreachable!("begin_batch lent the instance a transaction"),
-    };
-    (partition, Some(instance), result)
-}
-
 fn check_restart(stored: &QueryConfig, opts: &QueryOptions) -> Result<(), EngineError> {
     let refuse = |setting: &str, old: String, new: String| {
         Err(EngineError::Config(format!(
@@ -578,7 +591,34 @@ fn check_restart(stored: &QueryConfig, opts: &QueryOptions) -> Result<(), Engine
     if let Some(p) = opts.partitions.filter(|p| *p != stored.partitions) {
         return refuse("--partitions", stored.partitions.to_string(), p.to_string());
     }
+    if let Some(e) = opts
+        .event_time
+        .as_ref()
+        .filter(|e| stored.event_time_column.as_deref() != Some(e.column.as_str()))
+    {
+        let old = stored
+            .event_time_column
+            .clone()
+            .unwrap_or_else(|| "no event-time column".into());
+        return refuse("--event-time", old, e.column.clone());
+    }
     Ok(())
+}
+
+fn check_time_settings(config: &QueryConfig) -> Result<(), EngineError> {
+    match (config.time_mode, &config.event_time_column) {
+        (TimeMode::EventTime, None) => Err(EngineError::Config(
+            "time mode event-time needs an event-time column (--event-time COL --watermark-delay DURATION)".into(),
+        )),
+        (TimeMode::None | TimeMode::ProcessingTime, Some(c)) => Err(EngineError::Config(format!(
+            "--event-time {c} needs --time-mode event-time (the query uses {})",
+            config.time_mode
+        ))),
+        _ if config.watermark_delay_ms < 0 => Err(EngineError::Config(
+            "the watermark delay cannot be negative".into(),
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn now_ms() -> i64 {

@@ -16,6 +16,8 @@ pub trait PartitionProcessor: Send {
     -> Result<Vec<String>, CallError>;
     /// Applies one initial-state row of a key.
     fn handle_initial_state(&mut self, key: &str, row: &str) -> Result<(), CallError>;
+    /// The lent transaction, for the engine's work between calls (timers, TTL).
+    fn txn_mut(&mut self) -> Option<&mut PartitionTxn>;
     /// Takes the transaction back.
     fn end_batch(&mut self) -> Option<PartitionTxn>;
     /// Whether the instance must be replaced before the next call.
@@ -63,6 +65,10 @@ impl PartitionProcessor for Instance {
 
     fn handle_initial_state(&mut self, key: &str, row: &str) -> Result<(), CallError> {
         Instance::handle_initial_state(self, key, row)
+    }
+
+    fn txn_mut(&mut self) -> Option<&mut PartitionTxn> {
+        Instance::txn_mut(self)
     }
 
     fn end_batch(&mut self) -> Option<PartitionTxn> {

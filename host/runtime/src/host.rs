@@ -220,6 +220,10 @@ impl HostState {
         }
     }
 
+    pub(crate) fn txn_mut(&mut self) -> Option<&mut PartitionTxn> {
+        self.txn.as_mut()
+    }
+
     pub(crate) fn end_batch(&mut self) -> Option<PartitionTxn> {
         self.times = None;
         self.txn.take()

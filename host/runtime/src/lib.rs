@@ -294,6 +294,9 @@ pub struct InstanceConfig {
     pub catalog: Arc<Mutex<Catalog>>,
     /// The state partition this instance serves.
     pub partition: Partition,
+    /// The output column holding event time (overrides the processor's own declaration).
+    /// In event-time mode, emitting a row older than the watermark fails the call.
+    pub output_event_time_column: Option<String>,
 }
 
 impl Processor {
@@ -312,6 +315,7 @@ impl Processor {
             time_mode: TimeMode::None,
             catalog: Arc::new(Mutex::new(Catalog::default())),
             partition: 0,
+            output_event_time_column: None,
         };
         let (mut store, bindings) = self
             .new_store(&config)
@@ -367,11 +371,19 @@ impl Processor {
         let (store, bindings) = self
             .new_store(&config)
             .map_err(|e| err(CallErrorKind::Trap(format!("instantiation failed: {e:#}"))))?;
+        let event_time_column = match config.time_mode {
+            TimeMode::EventTime => config
+                .output_event_time_column
+                .clone()
+                .or_else(|| self.info.output_event_time_column.clone()),
+            _ => None,
+        };
         let mut instance = Instance {
             store,
             bindings,
             info: self.info.clone(),
             poisoned: false,
+            event_time_column,
         };
         instance.store.data_mut().begin_init();
         let time_mode = config.time_mode;
@@ -401,6 +413,8 @@ pub struct Instance {
     bindings: StatefulProcessor,
     info: Arc<ProcessorInfo>,
     poisoned: bool,
+    /// The output event-time column checked against the watermark, in event-time mode.
+    event_time_column: Option<String>,
 }
 
 impl Instance {
@@ -412,6 +426,12 @@ impl Instance {
     /// Lends the instance the partition's transaction for a batch.
     pub fn begin_batch(&mut self, txn: PartitionTxn, times: BatchTimes) {
         self.store.data_mut().begin_batch(txn, times);
+    }
+
+    /// The partition's transaction while a batch is in progress, for the engine's own
+    /// work between calls (firing timers, TTL cleanup).
+    pub fn txn_mut(&mut self) -> Option<&mut PartitionTxn> {
+        self.store.data_mut().txn_mut()
     }
 
     /// Takes the partition's transaction back at the end of a batch.
@@ -513,6 +533,12 @@ impl Instance {
                     )),
                 ));
             }
+            if let Some(column) = &self.event_time_column {
+                let watermark = self.store.data().timer_values().current_watermark_ms;
+                if let Err(message) = check_event_time(row, column, watermark) {
+                    return Err(self.error(function, Some(key), CallErrorKind::BadOutput(message)));
+                }
+            }
         }
         Ok(rows)
     }
@@ -569,6 +595,24 @@ impl Instance {
             }
         }
     }
+}
+
+/// Checks that an emitted row's event time is not older than the watermark.
+fn check_event_time(row: &str, column: &str, watermark: i64) -> Result<(), String> {
+    let scanner = statebox_schema::RowScanner::new(None, vec![column.to_owned()]);
+    let value = scanner.scan(row).map_err(|e| e.to_string())?;
+    let Some(raw) = value.first().copied().flatten() else {
+        return Err(format!("emitted row has no event-time column `{column}`"));
+    };
+    let ts = statebox_schema::timestamp_millis(raw.get())
+        .map_err(|e| format!("event-time column `{column}` of an emitted row: {e}"))?;
+    if ts < watermark {
+        return Err(format!(
+            "emitted a row with event time {ts} in column `{column}`, older than the current \
+             watermark {watermark}"
+        ));
+    }
+    Ok(())
 }
 
 /// How long the epoch ticker sleeps between ticks; the CPU deadline is measured in ticks.

@@ -1,0 +1,203 @@
+//! One partition's share of a batch, on a worker thread: input rows key by key, then
+//! expired timers in ascending time order, then TTL cleanup (SPEC §1).
+
+use std::sync::{Arc, Mutex};
+
+use statebox_runtime::catalog::Catalog;
+use statebox_runtime::{BatchTimes, CallError, CallErrorKind, Function, InstanceConfig};
+use statebox_state::{Checkpoint, PartitionTxn, StoreError};
+
+use crate::input::{Origin, PartitionInput};
+use crate::{PartitionProcessor, ProcessorFactory, TimeMode};
+
+/// Timers fetched from the store per round; handlers may add more, so the engine asks
+/// again until none is due.
+const TIMER_PAGE: usize = 1024;
+/// A handler that keeps registering timers in the past would fire forever; past this many
+/// firings per partition and batch the batch fails.
+const MAX_TIMER_FIRINGS: u64 = 10_000_000;
+
+/// A partition's work in one batch.
+pub(crate) struct Job<'a> {
+    pub partition: u16,
+    pub instance: Option<Box<dyn PartitionProcessor>>,
+    pub input: PartitionInput<'a>,
+}
+
+/// A partition's successful batch.
+pub(crate) struct PartitionResult {
+    pub txn: PartitionTxn,
+    pub rows: Vec<String>,
+    pub timers_fired: u64,
+    pub ttl_removed: u64,
+}
+
+/// What a partition accumulates while its batch runs.
+#[derive(Default)]
+struct Counts {
+    rows: Vec<String>,
+    timers_fired: u64,
+    ttl_removed: u64,
+}
+
+/// The instance (to keep, unless poisoned) and the result of one partition.
+pub(crate) type Outcome = (
+    u16,
+    Option<Box<dyn PartitionProcessor>>,
+    Result<PartitionResult, (CallError, Option<Origin>)>,
+);
+
+/// What every partition of a batch shares.
+pub(crate) struct Context<'q> {
+    pub checkpoint: &'q Checkpoint,
+    pub factory: &'q dyn ProcessorFactory,
+    pub catalog: &'q Arc<Mutex<Catalog>>,
+    pub time_mode: TimeMode,
+    pub output_event_time_column: Option<&'q str>,
+    pub times: BatchTimes,
+}
+
+impl Context<'_> {
+    pub fn run(&self, job: Job<'_>) -> Outcome {
+        let Job {
+            partition,
+            instance,
+            input,
+        } = job;
+        let mut instance = match instance {
+            Some(i) => i,
+            None => {
+                let config = InstanceConfig {
+                    time_mode: self.time_mode.into(),
+                    catalog: self.catalog.clone(),
+                    partition,
+                    output_event_time_column: self.output_event_time_column.map(str::to_owned),
+                };
+                match self.factory.instantiate(config) {
+                    Ok(i) => i,
+                    Err(e) => return (partition, None, Err((e, None))),
+                }
+            }
+        };
+        instance.begin_batch(self.checkpoint.txn(partition), self.times);
+        let mut counts = Counts::default();
+        let outcome = self
+            .inputs(&mut *instance, &input, &mut counts.rows)
+            .and_then(|()| self.timers(&mut *instance, &mut counts))
+            .and_then(|()| self.ttl(&mut *instance, &mut counts));
+        let txn = instance.end_batch();
+        let outcome = outcome.map(|()| PartitionResult {
+            txn: txn.expect("begin_batch lent the instance a transaction"),
+            rows: counts.rows,
+            timers_fired: counts.timers_fired,
+            ttl_removed: counts.ttl_removed,
+        });
+        (partition, Some(instance), outcome)
+    }
+
+    fn inputs(
+        &self,
+        instance: &mut dyn PartitionProcessor,
+        input: &PartitionInput<'_>,
+        rows: &mut Vec<String>,
+    ) -> Result<(), (CallError, Option<Origin>)> {
+        for group in &input.groups {
+            match instance.handle_input_rows(&group.key, &group.rows) {
+                Ok(out) => rows.extend(out),
+                Err(e) => {
+                    let origin = match &e.kind {
+                        CallErrorKind::BadInputRow { index, .. } => {
+                            group.origins.get(*index as usize).copied()
+                        }
+                        _ => None,
+                    };
+                    return Err((e, origin));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Fires every timer at or before the batch's time, ascending by (time, key). The
+    /// firing timer stays registered during its handler (so `list-timers` shows it) and is
+    /// deleted after the handler returns; timers registered by handlers that are already
+    /// due fire in this batch too.
+    fn timers(
+        &self,
+        instance: &mut dyn PartitionProcessor,
+        result: &mut Counts,
+    ) -> Result<(), (CallError, Option<Origin>)> {
+        let upto = match self.time_mode {
+            TimeMode::None => return Ok(()),
+            TimeMode::ProcessingTime => self.times.batch_timestamp_ms,
+            TimeMode::EventTime => self.times.watermark_ms,
+        };
+        loop {
+            let due = store(instance, |txn| txn.timers_due(upto, TIMER_PAGE))?;
+            if due.is_empty() {
+                return Ok(());
+            }
+            for (ts, key) in due {
+                let key = String::from_utf8(key)
+                    .map_err(|_| internal(StoreError::Corrupt("timer key is not UTF-8".into())))?;
+                let out = instance
+                    .handle_expired_timer(&key, ts)
+                    .map_err(|e| (e, None))?;
+                result.rows.extend(out);
+                store(instance, |txn| txn.timer_delete(key.as_bytes(), ts))?;
+                result.timers_fired += 1;
+                if result.timers_fired > MAX_TIMER_FIRINGS {
+                    return Err((
+                        CallError {
+                            processor: self.factory.info().name.clone(),
+                            function: Function::HandleExpiredTimer,
+                            key: Some(key),
+                            kind: CallErrorKind::Failed(format!(
+                                "more than {MAX_TIMER_FIRINGS} timers fired in one batch; the \
+                                 processor keeps registering timers that are already due"
+                            )),
+                        },
+                        None,
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Removes state whose TTL has expired (reads already hid it).
+    fn ttl(
+        &self,
+        instance: &mut dyn PartitionProcessor,
+        result: &mut Counts,
+    ) -> Result<(), (CallError, Option<Origin>)> {
+        let now = match self.time_mode {
+            TimeMode::None => return Ok(()),
+            TimeMode::ProcessingTime => self.times.batch_timestamp_ms,
+            TimeMode::EventTime => self.times.watermark_ms,
+        };
+        result.ttl_removed = store(instance, |txn| txn.ttl_cleanup(now))?;
+        Ok(())
+    }
+}
+
+fn store<T>(
+    instance: &mut dyn PartitionProcessor,
+    f: impl FnOnce(&mut PartitionTxn) -> Result<T, StoreError>,
+) -> Result<T, (CallError, Option<Origin>)> {
+    let txn = instance
+        .txn_mut()
+        .expect("begin_batch lent the instance a transaction");
+    f(txn).map_err(internal)
+}
+
+fn internal(e: StoreError) -> (CallError, Option<Origin>) {
+    (
+        CallError {
+            processor: String::new(),
+            function: Function::HandleExpiredTimer,
+            key: None,
+            kind: CallErrorKind::Internal(e),
+        },
+        None,
+    )
+}
