@@ -23,6 +23,35 @@ use crate::SandboxArgs;
 pub(crate) enum BenchCommand {
     /// The counter workload: every key's count, list and map updated once per batch.
     Count(CountArgs),
+    /// Timers: `heartbeat-monitor`; every key seen re-arms a processing-time timer, and a
+    /// tenth of the keys skip each batch, so their timers fire.
+    Timers(TimeArgs),
+    /// TTL: `dedup-ttl`; ids are remembered with a TTL and expire as batch time advances.
+    Ttl(TimeArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct TimeArgs {
+    /// Events to generate.
+    #[arg(long, default_value_t = 1_000_000)]
+    events: u64,
+    /// Distinct keys.
+    #[arg(long, default_value_t = 100_000)]
+    keys: u64,
+    /// Micro-batches the events are split into.
+    #[arg(long, default_value_t = 10)]
+    batches: u64,
+    /// Batch timestamps advance by this many milliseconds per batch.
+    #[arg(long, default_value_t = 60_000)]
+    step_ms: i64,
+    /// State partitions.
+    #[arg(long, default_value_t = 4)]
+    partitions: u16,
+    /// The component (default: build the workload's plugin).
+    #[arg(long)]
+    processor: Option<PathBuf>,
+    #[command(flatten)]
+    sandbox: SandboxArgs,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -62,7 +91,92 @@ pub(crate) struct CountArgs {
 pub(crate) fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Count(args) => count(args),
+        BenchCommand::Timers(args) => timed("timers", "heartbeat-monitor", "sensor", args),
+        BenchCommand::Ttl(args) => timed("ttl", "dedup-ttl", "id", args),
     }
+}
+
+/// Runs a processing-time workload batch by batch with batch timestamps `step_ms` apart.
+/// Keys whose number is congruent to the batch number modulo 10 sit the batch out, so
+/// timers of about a tenth of the keys fire (and TTL'd state of a tenth expires) per batch.
+fn timed(workload: &str, plugin: &str, column: &str, args: TimeArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.keys > 0 && args.events > 0 && args.batches > 0 && args.step_ms > 0,
+        "--events, --keys, --batches and --step-ms must be positive"
+    );
+    let dir = tempfile_dir()?;
+    let input = dir.join("input");
+    std::fs::create_dir_all(&input)?;
+    let per_batch = args.events.div_ceil(args.batches);
+    let mut state: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut written = 0;
+    for b in 0..args.batches {
+        let file = std::fs::File::create(input.join(format!("part-{b:05}.jsonl")))?;
+        let mut w = std::io::BufWriter::new(file);
+        for _ in 0..per_batch.min(args.events - written) {
+            let k = loop {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let k = state % args.keys;
+                if k % 10 != b % 10 {
+                    break k;
+                }
+            };
+            writeln!(w, "{{\"{column}\":\"k{k}\",\"seq\":{written}}}")?;
+            written += 1;
+        }
+        w.flush()?;
+    }
+    let wasm = match &args.processor {
+        Some(p) => crate::plugin::resolve(p)?,
+        None => crate::plugin::resolve(&workspace_root().join("plugins").join(plugin))?,
+    };
+    let runtime = args.sandbox.runtime()?;
+    let processor = runtime.load_file(&wasm)?;
+    let opts = QueryOptions {
+        input,
+        output: dir.join("out.jsonl"),
+        checkpoint: dir.join("checkpoint"),
+        key_columns: vec![column.into()],
+        partitions: Some(args.partitions),
+        output_mode: None,
+        time_mode: Some(statebox_engine::TimeMode::ProcessingTime),
+        max_files_per_batch: 1,
+        workers: None,
+        event_time: None,
+        output_event_time_column: None,
+    };
+    let started = Instant::now();
+    let mut query = Query::open(opts, Arc::new(processor))?;
+    let (mut events, mut timers, mut expired, mut batches) = (0, 0, 0, 0);
+    let mut at = 1_000_000;
+    while let Some(r) = query.run_next(Some(at))? {
+        events += r.commit.input_rows;
+        timers += r.commit.timers_fired;
+        expired += r.commit.ttl_removed;
+        batches += 1;
+        at += args.step_ms;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    anyhow::ensure!(events == args.events, "processed {events} of {} events", args.events);
+    let line = json!({
+        "workload": workload,
+        "engine": "wasm",
+        "events": events,
+        "keys": args.keys,
+        "batches": batches,
+        "partitions": args.partitions,
+        "seconds": (seconds * 1000.0).round() / 1000.0,
+        "events_per_s": (events as f64 / seconds).round(),
+        "timers_fired": timers,
+        "timers_fired_per_s": (timers as f64 / seconds).round(),
+        "ttl_removed": expired,
+        "ttl_removed_per_s": (expired as f64 / seconds).round(),
+    });
+    println!("{line}");
+    std::fs::remove_dir_all(&dir).ok();
+    Ok(())
 }
 
 fn count(args: CountArgs) -> anyhow::Result<()> {

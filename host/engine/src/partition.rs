@@ -86,8 +86,15 @@ impl Context<'_> {
             .and_then(|()| self.timers(&mut *instance, &mut counts))
             .and_then(|()| self.ttl(&mut *instance, &mut counts));
         let txn = instance.end_batch();
-        let outcome = outcome.map(|()| PartitionResult {
-            txn: txn.expect("begin_batch lent the instance a transaction"),
+        let outcome = outcome.map(|()| {
+            let mut txn = txn.expect("begin_batch lent the instance a transaction");
+            // Sorting and encoding the partition's writes here, on its worker, keeps the
+            // single-threaded commit short.
+            txn.seal();
+            txn
+        });
+        let outcome = outcome.map(|txn| PartitionResult {
+            txn,
             rows: counts.rows,
             timers_fired: counts.timers_fired,
             ttl_removed: counts.ttl_removed,

@@ -79,6 +79,18 @@ impl WriteBatch {
         self.ops.push(WriteOp::DeleteRange(start, end));
     }
 
+    /// Appends `ops`, in order.
+    pub fn append(&mut self, mut ops: Vec<WriteOp>) {
+        if self.ops.is_empty() {
+            // Adopt the vector instead of copying it (keeping the bigger allocation).
+            if ops.capacity() >= self.ops.capacity() {
+                self.ops = ops;
+                return;
+            }
+        }
+        self.ops.append(&mut ops);
+    }
+
     /// Reserves room for `additional` more operations.
     pub fn reserve(&mut self, additional: usize) {
         self.ops.reserve(additional);

@@ -135,10 +135,18 @@ pub fn map_entry_key(var: VarId, key: &[u8], user_key: &[u8]) -> Vec<u8> {
 
 /// The prefix of one grouping key's timers in the by-key index.
 pub fn timer_key_prefix(key: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(1 + 4 + key.len() + TS_LEN);
-    out.push(TIMER_BY_KEY);
-    push_key(&mut out, key);
+    let mut out = Vec::new();
+    timer_key_prefix_into(&mut out, key);
     out
+}
+
+/// Writes [`timer_key_prefix`] into `out` (cleared first).
+#[inline]
+pub fn timer_key_prefix_into(out: &mut Vec<u8>, key: &[u8]) {
+    out.clear();
+    out.reserve(1 + 4 + key.len() + TS_LEN);
+    out.push(TIMER_BY_KEY);
+    push_key(out, key);
 }
 
 /// A timer in the by-key index.
@@ -208,6 +216,32 @@ pub fn ttl_range_upto(partition: Partition, upto: i64) -> (Vec<u8>, Vec<u8>) {
 /// Splits a TTL index key into `(expiry, state key)`.
 pub fn decode_ttl_key(k: &[u8]) -> Result<(i64, &[u8])> {
     split_time_key(TTL, k, "TTL index")
+}
+
+/// Splits the key of a value, list element or map entry (as a TTL index entry names it)
+/// into its namespace and the length of its `[ns][var][keylen][key]` prefix; the rest is the
+/// element's sequence or the entry's user key.
+pub fn split_state_key(k: &[u8]) -> Result<(u8, usize)> {
+    const HEAD: usize = 1 + 4 + 4;
+    let malformed = || StoreError::Corrupt("malformed state key in the TTL index".into());
+    let (&ns, rest) = k.split_first().ok_or_else(malformed)?;
+    let len = rest
+        .get(4..8)
+        .and_then(|l| <[u8; 4]>::try_from(l).ok())
+        .map(u32::from_be_bytes)
+        .ok_or_else(malformed)?;
+    let prefix_len = usize::try_from(len)
+        .ok()
+        .and_then(|l| l.checked_add(HEAD))
+        .filter(|&p| p <= k.len())
+        .ok_or_else(malformed)?;
+    let suffix_len = k.len() - prefix_len;
+    match ns {
+        VALUE if suffix_len == 0 => Ok((ns, prefix_len)),
+        LIST if suffix_len == SEQ_LEN => Ok((ns, prefix_len)),
+        MAP => Ok((ns, prefix_len)),
+        _ => Err(malformed()),
+    }
 }
 
 /// Decodes the sequence of a list element key.
@@ -430,6 +464,36 @@ mod tests {
         assert!(k.starts_with(&prefix));
         assert_eq!(decode_timer_by_key(&k, prefix.len()).unwrap(), -42);
         assert!(decode_timer_by_key(&prefix, prefix.len()).is_err());
+    }
+
+    #[test]
+    fn state_keys_split_into_prefix_and_suffix() {
+        let value = value_key(3, b"key");
+        assert_eq!(split_state_key(&value).unwrap(), (VALUE, value.len()));
+        let prefix = list_prefix(3, b"key").len();
+        assert_eq!(
+            split_state_key(&list_element_key(3, b"key", 9)).unwrap(),
+            (LIST, prefix)
+        );
+        assert_eq!(
+            split_state_key(&map_entry_key(3, b"key", b"uk")).unwrap(),
+            (MAP, prefix)
+        );
+        assert_eq!(
+            split_state_key(&map_entry_key(3, b"key", b"")).unwrap(),
+            (MAP, prefix)
+        );
+        for bad in [
+            vec![],
+            vec![VALUE, 0, 0],
+            [value.as_slice(), b"x"].concat(),
+            list_prefix(3, b"key"),
+            list_meta_key(3, b"key"),
+            timer_by_key(b"key", 1),
+            var_key_prefix(MAP, 3, b"key")[..8].to_vec(),
+        ] {
+            assert!(split_state_key(&bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -13,6 +13,8 @@
 //! - [`engine`]: the small [`KvEngine`] trait both backends implement.
 //! - `rocks` / `mem`: the RocksDB and in-memory backends.
 //! - `checkpoint` / `txn`: the public [`Checkpoint`] and [`PartitionTxn`].
+//! - `overlay`: the overlay's building blocks (inline byte keys, per-prefix hash map,
+//!   per-collection ordered writes).
 //!
 //! **Architecture invariant:** nothing reaches the backend except through a [`WriteBatch`]
 //! built by [`Checkpoint::commit`] or [`Checkpoint::put_meta_sync`]; a [`PartitionTxn`] only
@@ -22,6 +24,7 @@ mod checkpoint;
 pub mod engine;
 pub mod keys;
 mod mem;
+mod overlay;
 mod rocks;
 mod txn;
 mod value;

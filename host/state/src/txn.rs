@@ -1,18 +1,28 @@
 //! The per-partition batch overlay.
 //!
 //! A [`PartitionTxn`] buffers one partition's writes of one micro-batch in memory and reads
-//! through them (read-your-writes) to the committed state. Two structures make up the
-//! overlay:
-//! - point writes, `key → Some(bytes)` for a put and `key → None` for a delete;
-//! - range tombstones, disjoint `[start, end)` ranges hiding every committed key inside.
+//! through them (read-your-writes) to the committed state.
 //!
-//! **Invariant:** a point write inside a range tombstone was made after it (adding a
-//! tombstone drops the points it covers), so a point always wins over a tombstone, and
-//! committing tombstones before points reproduces the overlay exactly.
+//! Every value, list and map operation touches the keys of one `(namespace, variable,
+//! grouping key)` prefix, and every timer operation one grouping key's timers, so the overlay
+//! is keyed by that locality:
+//! - `vars`: a hash map from `[var][keylen][key]` to the value slot, list and map of that
+//!   variable and grouping key. A point read or write is one hash lookup plus a search in a
+//!   collection holding only this batch's writes to that one list or map.
+//! - `timers`: a hash map from `[keylen][key]` to that grouping key's timers-by-key writes.
+//! - `ordered`: the timers-by-time and TTL index writes, by full key, in a B-tree: they are
+//!   scanned across grouping keys ([`PartitionTxn::timers_due`],
+//!   [`PartitionTxn::ttl_cleanup`]).
 //!
-//! Clearing a list or map uses point deletes when the committed collection is small (the
-//! common case) and a range tombstone only for big ones: RocksDB pays for every range
-//! tombstone on reads until compaction, so they are kept for where they save real work.
+//! Clearing a list or map turns its committed entries invisible (the collection's
+//! [`Base`]); the commit removes them with point deletes when there were few (the common
+//! case) and with one range tombstone for big ones: RocksDB pays for every range tombstone
+//! on reads until compaction, so they are kept for where they save real work.
+//!
+//! [`PartitionTxn::seal`] turns the overlay into write-batch operations sorted by key (the
+//! ordering work runs on the partition's worker thread, and RocksDB inserts sorted keys into
+//! its memtable fastest); [`Checkpoint::commit`](crate::Checkpoint::commit) only concatenates
+//! them.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -20,14 +30,12 @@ use std::fmt;
 use std::ops::Bound::{self, Excluded, Included, Unbounded};
 use std::sync::Arc;
 
-use crate::engine::{KvEngine, ScanFn, WriteBatch};
+use crate::engine::{KvEngine, ScanFn, WriteOp};
 use crate::keys::{self, check_key};
+use crate::overlay::{Base, Coll, PrefixMap, Slot};
 use crate::value::Header;
 use crate::{Partition, Result, StoreError, StoredValue, VarId};
 
-/// Up to this many committed entries, a clear writes point deletes instead of a range
-/// tombstone.
-const POINT_DELETE_LIMIT: usize = 64;
 /// TTL index entries handled per scan in [`PartitionTxn::ttl_cleanup`], bounding its memory.
 const TTL_CLEANUP_CHUNK: usize = 1024;
 
@@ -40,11 +48,37 @@ pub struct PartitionTxn {
     engine: Arc<dyn KvEngine>,
     partition: Partition,
     ttl_clock: Option<i64>,
-    points: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
-    /// `start → end`; disjoint and never touching, so a point lookup is one ordered search.
-    tombstones: BTreeMap<Vec<u8>, Vec<u8>>,
-    /// Reused buffer for building the key of a point read, which needs no owned key.
+    overlay: Overlay,
+    /// Set by [`Self::seal`]: the overlay as write-batch operations.
+    sealed: Option<Sealed>,
+    /// Reused buffer for building keys: `[ns]` followed by the overlay's hash key, then
+    /// whatever suffix a backend read needs.
     scratch: RefCell<Vec<u8>>,
+}
+
+/// The buffered writes (see the module documentation).
+#[derive(Default)]
+struct Overlay {
+    vars: PrefixMap<VarBucket>,
+    timers: PrefixMap<Coll>,
+    /// Full key → `true` puts the (empty) entry, `false` deletes it.
+    ordered: BTreeMap<Vec<u8>, bool>,
+    /// Point writes the commit will carry.
+    writes: usize,
+}
+
+/// One variable's writes for one grouping key.
+#[derive(Default)]
+struct VarBucket {
+    value: Option<Slot>,
+    list: Option<Box<Coll>>,
+    map: Option<Box<Coll>>,
+}
+
+/// A sealed overlay, ready for the write batch.
+struct Sealed {
+    ops: Vec<WriteOp>,
+    point_writes: usize,
 }
 
 impl PartitionTxn {
@@ -53,8 +87,8 @@ impl PartitionTxn {
             engine,
             partition,
             ttl_clock: None,
-            points: BTreeMap::new(),
-            tombstones: BTreeMap::new(),
+            overlay: Overlay::default(),
+            sealed: None,
             scratch: RefCell::new(Vec::with_capacity(64)),
         }
     }
@@ -74,23 +108,42 @@ impl PartitionTxn {
 
     /// The value state `var` holds for grouping key `key` (canonical key bytes).
     pub fn value_get(&self, var: VarId, key: &[u8]) -> Result<Option<StoredValue>> {
+        self.check_open();
         check_key(key)?;
         let mut k = self.scratch.borrow_mut();
         keys::var_key_prefix_into(&mut k, keys::VALUE, var, key);
-        self.get_live(&k)
+        match self
+            .overlay
+            .vars
+            .get(&k[1..])
+            .and_then(|b| b.value.as_ref())
+        {
+            Some(slot) => live(slot.as_deref(), self.ttl_clock),
+            None => self.get_committed(&k),
+        }
     }
 
     /// Sets the value of value state `var` for `key`.
     pub fn value_put(&mut self, var: VarId, key: &[u8], value: StoredValue) -> Result<()> {
+        self.check_open();
         check_key(key)?;
-        self.put_value(keys::value_key(var, key), &value);
+        let k = self.scratch.get_mut();
+        keys::var_key_prefix_into(k, keys::VALUE, var, key);
+        let o = &mut self.overlay;
+        if let Some(expiry) = value.expires_at_ms {
+            o.mark(keys::ttl_key(self.partition, expiry, k), true);
+        }
+        o.put_value_slot(&k[1..], Some(value.encode()));
         Ok(())
     }
 
     /// Removes the value of value state `var` for `key` (a no-op if there is none).
     pub fn value_delete(&mut self, var: VarId, key: &[u8]) -> Result<()> {
+        self.check_open();
         check_key(key)?;
-        self.points.insert(keys::value_key(var, key), None);
+        let k = self.scratch.get_mut();
+        keys::var_key_prefix_into(k, keys::VALUE, var, key);
+        self.overlay.put_value_slot(&k[1..], None);
         Ok(())
     }
 
@@ -98,8 +151,11 @@ impl PartitionTxn {
 
     /// Whether list `var` of `key` has at least one live element.
     pub fn list_exists(&self, var: VarId, key: &[u8]) -> Result<bool> {
+        self.check_open();
         check_key(key)?;
-        self.any_live(keys::prefix_range(keys::list_prefix(var, key)))
+        let mut k = self.scratch.borrow_mut();
+        keys::var_key_prefix_into(&mut k, keys::LIST, var, key);
+        self.any_live(self.list(&k), &k)
     }
 
     /// Up to `max` live elements with sequence > `after` (`None`: from the start), ascending.
@@ -112,27 +168,30 @@ impl PartitionTxn {
         after: Option<u64>,
         max: usize,
     ) -> Result<Vec<(u64, StoredValue)>> {
+        self.check_open();
         check_key(key)?;
-        let prefix = keys::list_prefix(var, key);
-        let end = keys::prefix_successor(&prefix);
-        let start = match after.map(|s| s.checked_add(1)) {
-            None => prefix,
-            Some(Some(first)) => {
-                let mut start = prefix;
-                start.extend_from_slice(&first.to_be_bytes());
-                start
-            }
+        let first = match after.map(|s| s.checked_add(1)) {
+            None => 0,
+            Some(Some(first)) => first,
             Some(None) => return Ok(Vec::new()),
         };
         let mut out = Vec::with_capacity(max.min(1024));
         if max == 0 {
             return Ok(out);
         }
+        let mut k = self.scratch.borrow_mut();
+        keys::var_key_prefix_into(&mut k, keys::LIST, var, key);
         let clock = self.ttl_clock;
-        self.scan_merged(&start, &end, &mut |k, v| {
+        let first = first.to_be_bytes();
+        let from = if after.is_some() {
+            Included(&first[..])
+        } else {
+            Unbounded
+        };
+        Coll::scan(self.list(&k), &*self.engine, &k, from, &mut |suffix, v| {
             let header = Header::decode(v)?;
             if header.is_live(clock) {
-                out.push((keys::decode_list_seq(k)?, header.to_owned()));
+                out.push((decode_seq(suffix)?, header.to_owned()));
             }
             Ok(out.len() < max)
         })?;
@@ -147,34 +206,75 @@ impl PartitionTxn {
 
     /// Appends `values` to list `var` of `key`, in order.
     pub fn list_append(&mut self, var: VarId, key: &[u8], values: Vec<StoredValue>) -> Result<()> {
+        self.check_open();
         check_key(key)?;
         if values.is_empty() {
             return Ok(());
         }
-        let meta_key = keys::list_meta_key(var, key);
-        let first = self.read_with(&meta_key, decode_next_seq)?.unwrap_or(0);
+        let k = self.scratch.get_mut();
+        keys::var_key_prefix_into(k, keys::LIST, var, key);
+        let prefix_len = k.len();
+        let Overlay {
+            vars,
+            ordered,
+            writes,
+            ..
+        } = &mut self.overlay;
+        let list = vars.get_or_default(&k[1..]).list.get_or_insert_default();
+        let first = match list.next_seq {
+            Some(next) => next,
+            None => {
+                // The metadata key differs from the prefix in its namespace byte only.
+                k[0] = keys::LIST_META;
+                let next = read_with(&*self.engine, k, decode_next_seq);
+                k[0] = keys::LIST;
+                next?.unwrap_or(0)
+            }
+        };
         let next = u64::try_from(values.len())
             .ok()
             .and_then(|n| first.checked_add(n))
             .ok_or_else(|| StoreError::Corrupt("list sequence overflow".into()))?;
-        let prefix = keys::list_prefix(var, key);
-        for (seq, value) in (first..).zip(&values) {
-            let mut k = Vec::with_capacity(prefix.len() + keys::SEQ_LEN);
-            k.extend_from_slice(&prefix);
-            k.extend_from_slice(&seq.to_be_bytes());
-            self.put_value(k, value);
+        let mut added = 0;
+        for (seq, value) in (first..).zip(values) {
+            let seq = seq.to_be_bytes();
+            if let Some(expiry) = value.expires_at_ms {
+                k.truncate(prefix_len);
+                k.extend_from_slice(&seq);
+                mark(
+                    ordered,
+                    writes,
+                    keys::ttl_key(self.partition, expiry, k),
+                    true,
+                );
+            }
+            added += list.write(&seq, Some(value.encode()));
         }
-        self.points
-            .insert(meta_key, Some(next.to_be_bytes().to_vec()));
+        list.next_seq = Some(next);
+        if !list.meta_dirty {
+            list.meta_dirty = true;
+            added += 1;
+        }
+        add(writes, added);
         Ok(())
     }
 
     /// Removes every element of list `var` of `key`.
     pub fn list_clear(&mut self, var: VarId, key: &[u8]) -> Result<()> {
+        self.check_open();
         check_key(key)?;
-        self.clear_range(keys::prefix_range(keys::list_prefix(var, key)))?;
+        let k = self.scratch.get_mut();
+        keys::var_key_prefix_into(k, keys::LIST, var, key);
+        let o = &mut self.overlay;
+        let list = o.vars.get_or_default(&k[1..]).list.get_or_insert_default();
+        let mut change = list.clear(&*self.engine, k)?;
         // With the elements gone, the sequence restarts at 0.
-        self.points.insert(keys::list_meta_key(var, key), None);
+        list.next_seq = Some(0);
+        if !list.meta_dirty {
+            list.meta_dirty = true;
+            change += 1;
+        }
+        add(&mut o.writes, change);
         Ok(())
     }
 
@@ -182,17 +282,29 @@ impl PartitionTxn {
 
     /// Whether map `var` of `key` has at least one live entry.
     pub fn map_exists(&self, var: VarId, key: &[u8]) -> Result<bool> {
+        self.check_open();
         check_key(key)?;
-        self.any_live(keys::prefix_range(keys::map_prefix(var, key)))
+        let mut k = self.scratch.borrow_mut();
+        keys::var_key_prefix_into(&mut k, keys::MAP, var, key);
+        self.any_live(self.map(&k), &k)
     }
 
     /// The value of `user_key` in map `var` of `key`.
     pub fn map_get(&self, var: VarId, key: &[u8], user_key: &[u8]) -> Result<Option<StoredValue>> {
+        self.check_open();
         check_key(key)?;
         let mut k = self.scratch.borrow_mut();
         keys::var_key_prefix_into(&mut k, keys::MAP, var, key);
+        if let Some(map) = self.map(&k) {
+            if let Some(slot) = map.entries.get(user_key) {
+                return live(slot.as_deref(), self.ttl_clock);
+            }
+            if map.is_cleared() {
+                return Ok(None);
+            }
+        }
         k.extend_from_slice(user_key);
-        self.get_live(&k)
+        self.get_committed(&k)
     }
 
     /// Sets `user_key` of map `var` of `key` to `value`.
@@ -203,16 +315,35 @@ impl PartitionTxn {
         user_key: &[u8],
         value: StoredValue,
     ) -> Result<()> {
+        self.check_open();
         check_key(key)?;
-        self.put_value(keys::map_entry_key(var, key, user_key), &value);
+        let k = self.scratch.get_mut();
+        keys::var_key_prefix_into(k, keys::MAP, var, key);
+        let Overlay {
+            vars,
+            ordered,
+            writes,
+            ..
+        } = &mut self.overlay;
+        if let Some(expiry) = value.expires_at_ms {
+            let mut state_key = keys::ttl_key(self.partition, expiry, k);
+            state_key.extend_from_slice(user_key);
+            mark(ordered, writes, state_key, true);
+        }
+        let map = vars.get_or_default(&k[1..]).map.get_or_insert_default();
+        add(writes, map.write(user_key, Some(value.encode())));
         Ok(())
     }
 
     /// Removes `user_key` from map `var` of `key` (a no-op if absent).
     pub fn map_remove(&mut self, var: VarId, key: &[u8], user_key: &[u8]) -> Result<()> {
+        self.check_open();
         check_key(key)?;
-        self.points
-            .insert(keys::map_entry_key(var, key, user_key), None);
+        let k = self.scratch.get_mut();
+        keys::var_key_prefix_into(k, keys::MAP, var, key);
+        let o = &mut self.overlay;
+        let map = o.vars.get_or_default(&k[1..]).map.get_or_insert_default();
+        add(&mut o.writes, map.write(user_key, None));
         Ok(())
     }
 
@@ -225,28 +356,20 @@ impl PartitionTxn {
         after: Option<&[u8]>,
         max: usize,
     ) -> Result<Vec<(Vec<u8>, StoredValue)>> {
+        self.check_open();
         check_key(key)?;
-        let prefix = keys::map_prefix(var, key);
-        let prefix_len = prefix.len();
-        let end = keys::prefix_successor(&prefix);
-        let start = match after {
-            None => prefix,
-            Some(after) => {
-                let mut start = prefix;
-                start.extend_from_slice(after);
-                start.push(0);
-                start
-            }
-        };
         let mut out = Vec::with_capacity(max.min(1024));
         if max == 0 {
             return Ok(out);
         }
+        let mut k = self.scratch.borrow_mut();
+        keys::var_key_prefix_into(&mut k, keys::MAP, var, key);
         let clock = self.ttl_clock;
-        self.scan_merged(&start, &end, &mut |k, v| {
+        let from = after.map_or(Unbounded, Excluded);
+        Coll::scan(self.map(&k), &*self.engine, &k, from, &mut |suffix, v| {
             let header = Header::decode(v)?;
             if header.is_live(clock) {
-                out.push((k[prefix_len..].to_vec(), header.to_owned()));
+                out.push((suffix.to_vec(), header.to_owned()));
             }
             Ok(out.len() < max)
         })?;
@@ -255,42 +378,39 @@ impl PartitionTxn {
 
     /// Removes every entry of map `var` of `key`.
     pub fn map_clear(&mut self, var: VarId, key: &[u8]) -> Result<()> {
+        self.check_open();
         check_key(key)?;
-        self.clear_range(keys::prefix_range(keys::map_prefix(var, key)))
+        let k = self.scratch.get_mut();
+        keys::var_key_prefix_into(k, keys::MAP, var, key);
+        let o = &mut self.overlay;
+        let map = o.vars.get_or_default(&k[1..]).map.get_or_insert_default();
+        let change = map.clear(&*self.engine, k)?;
+        add(&mut o.writes, change);
+        Ok(())
     }
 
     // ---- Timers ----
 
     /// Registers timer `(key, ts)`; registering an existing timer is a no-op.
     pub fn timer_register(&mut self, key: &[u8], ts: i64) -> Result<()> {
-        check_key(key)?;
-        self.points
-            .insert(keys::timer_by_key(key, ts), Some(Vec::new()));
-        self.points.insert(
-            keys::timer_by_time(self.partition, ts, key),
-            Some(Vec::new()),
-        );
-        Ok(())
+        self.set_timer(key, ts, true)
     }
 
     /// Deletes timer `(key, ts)`; deleting a missing timer is a no-op.
     pub fn timer_delete(&mut self, key: &[u8], ts: i64) -> Result<()> {
-        check_key(key)?;
-        self.points.insert(keys::timer_by_key(key, ts), None);
-        self.points
-            .insert(keys::timer_by_time(self.partition, ts, key), None);
-        Ok(())
+        self.set_timer(key, ts, false)
     }
 
     /// The timestamps of `key`'s timers, ascending.
     pub fn timer_list(&self, key: &[u8]) -> Result<Vec<i64>> {
+        self.check_open();
         check_key(key)?;
-        let prefix = keys::timer_key_prefix(key);
-        let prefix_len = prefix.len();
-        let (start, end) = keys::prefix_range(prefix);
+        let mut k = self.scratch.borrow_mut();
+        keys::timer_key_prefix_into(&mut k, key);
         let mut out = Vec::new();
-        self.scan_merged(&start, &end, &mut |k, _| {
-            out.push(keys::decode_timer_by_key(k, prefix_len)?);
+        let timers = self.overlay.timers.get(&k[1..]);
+        Coll::scan(timers, &*self.engine, &k, Unbounded, &mut |suffix, _| {
+            out.push(keys::decode_timer_by_key(suffix, 0)?);
             Ok(true)
         })?;
         Ok(out)
@@ -298,12 +418,13 @@ impl PartitionTxn {
 
     /// This partition's timers with `ts <= upto`, ascending by `(ts, key)`, at most `max`.
     pub fn timers_due(&self, upto: i64, max: usize) -> Result<Vec<(i64, Vec<u8>)>> {
+        self.check_open();
         let mut out = Vec::new();
         if max == 0 {
             return Ok(out);
         }
         let (start, end) = keys::timer_time_range_upto(self.partition, upto);
-        self.scan_merged(&start, &end, &mut |k, _| {
+        self.scan_ordered(&start, &end, &mut |k, _| {
             let (ts, key) = keys::decode_timer_by_time(k)?;
             out.push((ts, key.to_vec()));
             Ok(out.len() < max)
@@ -320,24 +441,23 @@ impl PartitionTxn {
     /// An index entry whose value was since overwritten (with another expiry) or removed is
     /// stale: it is dropped and the current value is left alone.
     pub fn ttl_cleanup(&mut self, now_ms: i64) -> Result<u64> {
+        self.check_open();
         let (mut start, end) = keys::ttl_range_upto(self.partition, now_ms);
         let mut removed = 0;
         let mut chunk: Vec<Vec<u8>> = Vec::new();
         loop {
             chunk.clear();
-            self.scan_merged(&start, &end, &mut |k, _| {
+            self.scan_ordered(&start, &end, &mut |k, _| {
                 chunk.push(k.to_vec());
                 Ok(chunk.len() < TTL_CLEANUP_CHUNK)
             })?;
             for index_key in &chunk {
                 let (expiry, state_key) = keys::decode_ttl_key(index_key)?;
-                let current =
-                    self.read_with(state_key, |v| Header::decode(v).map(|h| h.expires_at_ms))?;
-                if current == Some(Some(expiry)) {
-                    self.points.insert(state_key.to_vec(), None);
+                if self.state_expiry(state_key)? == Some(Some(expiry)) {
+                    self.delete_state(state_key)?;
                     removed += 1;
                 }
-                self.points.insert(index_key.clone(), None);
+                self.overlay.mark(index_key.clone(), false);
             }
             match chunk.last() {
                 Some(last) if chunk.len() == TTL_CLEANUP_CHUNK => start = keys::key_successor(last),
@@ -352,217 +472,339 @@ impl PartitionTxn {
 
     /// Number of point writes buffered (for metrics and memory bounds).
     pub fn pending_writes(&self) -> usize {
-        self.points.len()
+        match &self.sealed {
+            Some(sealed) => sealed.point_writes,
+            None => self.overlay.writes,
+        }
     }
 
     // ---- Commit support ----
 
-    /// Number of write-batch operations [`Self::write_to`] appends.
-    pub(crate) fn pending_ops(&self) -> usize {
-        self.points.len() + self.tombstones.len()
+    /// Prepares the transaction for [`Checkpoint::commit`](crate::Checkpoint::commit): turns
+    /// the overlay into write-batch operations sorted by key. Call it on the partition's
+    /// worker thread once the batch's reads and writes are done, so the commit (which seals
+    /// any transaction not yet sealed) only concatenates. Idempotent.
+    ///
+    /// # Panics
+    ///
+    /// Reading or writing state through a sealed transaction panics: its writes are no
+    /// longer readable.
+    pub fn seal(&mut self) {
+        if self.sealed.is_none() {
+            let overlay = std::mem::take(&mut self.overlay);
+            let point_writes = overlay.writes;
+            self.sealed = Some(Sealed {
+                ops: overlay.into_ops(),
+                point_writes,
+            });
+        }
     }
 
-    /// Appends the overlay to `batch`: range tombstones first, then points, which by the
-    /// module invariant reproduces the overlay's view.
-    pub(crate) fn write_to(self, batch: &mut WriteBatch) {
-        for (start, end) in self.tombstones {
-            batch.delete_range(start, end);
-        }
-        for (k, v) in self.points {
-            match v {
-                Some(v) => batch.put(k, v),
-                None => batch.delete(k),
-            }
+    /// The write-batch operations reproducing the overlay, sealing it first if needed.
+    pub(crate) fn into_ops(mut self) -> Vec<WriteOp> {
+        self.seal();
+        self.sealed.map(|s| s.ops).unwrap_or_default()
+    }
+
+    /// Number of write-batch operations [`Self::into_ops`] gives (an estimate before
+    /// sealing: range tombstones are not counted).
+    pub(crate) fn pending_ops(&self) -> usize {
+        match &self.sealed {
+            Some(sealed) => sealed.ops.len(),
+            None => self.overlay.writes,
         }
     }
 
     // ---- Internals ----
 
-    /// Buffers a stored value and, if it expires, its TTL index entry.
-    fn put_value(&mut self, state_key: Vec<u8>, value: &StoredValue) {
-        if let Some(expiry) = value.expires_at_ms {
-            self.points.insert(
-                keys::ttl_key(self.partition, expiry, &state_key),
-                Some(Vec::new()),
-            );
-        }
-        self.points.insert(state_key, Some(value.encode()));
+    fn check_open(&self) {
+        assert!(
+            self.sealed.is_none(),
+            "state accessed through a sealed PartitionTxn"
+        );
     }
 
-    /// The live stored value at `key`.
-    fn get_live(&self, key: &[u8]) -> Result<Option<StoredValue>> {
+    /// The buffered list whose key prefix is in `k`.
+    fn list(&self, k: &[u8]) -> Option<&Coll> {
+        self.overlay.vars.get(&k[1..])?.list.as_deref()
+    }
+
+    /// The buffered map whose key prefix is in `k`.
+    fn map(&self, k: &[u8]) -> Option<&Coll> {
+        self.overlay.vars.get(&k[1..])?.map.as_deref()
+    }
+
+    /// The live committed value at `key`.
+    fn get_committed(&self, key: &[u8]) -> Result<Option<StoredValue>> {
         let clock = self.ttl_clock;
-        let found = self.read_with(key, |v| {
+        let found = read_with(&*self.engine, key, |v| {
             let header = Header::decode(v)?;
             Ok(header.is_live(clock).then(|| header.to_owned()))
         })?;
         Ok(found.flatten())
     }
 
-    /// Applies `f` to the bytes visible at `key` (overlay, then committed state).
-    fn read_with<R>(&self, key: &[u8], f: impl FnOnce(&[u8]) -> Result<R>) -> Result<Option<R>> {
-        if let Some(v) = self.points.get(key) {
-            return v.as_deref().map(f).transpose();
-        }
-        if self.in_tombstone(key) {
-            return Ok(None);
-        }
-        let mut f = Some(f);
-        let mut out = None;
-        self.engine.get_with(key, &mut |v| {
-            if let Some(f) = f.take() {
-                out = Some(f(v)?);
-            }
-            Ok(())
-        })?;
-        Ok(out)
-    }
-
-    /// Whether `[start, end)` holds a live value.
-    fn any_live(&self, (start, end): (Vec<u8>, Vec<u8>)) -> Result<bool> {
+    /// Whether the collection under `prefix` holds a live value.
+    fn any_live(&self, coll: Option<&Coll>, prefix: &[u8]) -> Result<bool> {
         let clock = self.ttl_clock;
         let mut found = false;
-        self.scan_merged(&start, &end, &mut |_, v| {
+        Coll::scan(coll, &*self.engine, prefix, Unbounded, &mut |_, v| {
             found = Header::decode(v)?.is_live(clock);
             Ok(!found)
         })?;
         Ok(found)
     }
 
-    fn in_tombstone(&self, key: &[u8]) -> bool {
-        !self.tombstones.is_empty()
-            && self
-                .tombstones
-                .range::<[u8], _>((Unbounded, Included(key)))
-                .next_back()
-                .is_some_and(|(_, end)| key < end.as_slice())
+    fn set_timer(&mut self, key: &[u8], ts: i64, register: bool) -> Result<()> {
+        self.check_open();
+        check_key(key)?;
+        let k = self.scratch.get_mut();
+        keys::timer_key_prefix_into(k, key);
+        let o = &mut self.overlay;
+        let timers = o.timers.get_or_default(&k[1..]);
+        let change = timers.write(&keys::encode_i64(ts), register.then(Vec::new));
+        add(&mut o.writes, change);
+        o.mark(keys::timer_by_time(self.partition, ts, key), register);
+        Ok(())
     }
 
-    /// The parts of `[start, end)` not covered by a range tombstone, ascending.
-    fn live_segments<'a>(&'a self, start: &'a [u8], end: &'a [u8]) -> Vec<(&'a [u8], &'a [u8])> {
-        let mut segments = Vec::new();
-        if start >= end {
-            return segments;
-        }
-        let mut cursor = start;
-        if let Some((_, t_end)) = self
-            .tombstones
-            .range::<[u8], _>((Unbounded, Included(start)))
-            .next_back()
-        {
-            cursor = cursor.max(t_end.as_slice());
-        }
-        for (t_start, t_end) in self
-            .tombstones
-            .range::<[u8], _>((Excluded(start), Excluded(end)))
-        {
-            if cursor < t_start.as_slice() {
-                segments.push((cursor, t_start.as_slice()));
-            }
-            cursor = t_end;
-        }
-        if cursor < end {
-            segments.push((cursor, end));
-        }
-        segments
-    }
-
-    /// Calls `f` with every visible entry in `[start, end)`, ascending, until it returns
-    /// `false`: committed entries outside range tombstones, merged with the overlay's points
-    /// (puts replace, deletes hide). Memory use is independent of the range's size.
-    fn scan_merged(&self, start: &[u8], end: &[u8], f: &mut ScanFn<'_>) -> Result<()> {
+    /// Calls `f` with every visible timers-by-time or TTL index entry in `[start, end)`,
+    /// ascending, until it returns `false`.
+    fn scan_ordered(&self, start: &[u8], end: &[u8], f: &mut ScanFn<'_>) -> Result<()> {
         if start >= end {
             return Ok(());
         }
         let bounds: (Bound<&[u8]>, Bound<&[u8]>) = (Included(start), Excluded(end));
-        let mut overlay = self.points.range::<[u8], _>(bounds).peekable();
+        let mut overlay = self.overlay.ordered.range::<[u8], _>(bounds).peekable();
         let mut stopped = false;
-        for (seg_start, seg_end) in self.live_segments(start, end) {
-            self.engine.scan(seg_start, seg_end, &mut |k, v| {
-                // Overlay entries sorting before this committed key come first.
-                while let Some((ok, ov)) = overlay.next_if(|(ok, _)| ok.as_slice() < k) {
-                    if let Some(ov) = ov
-                        && !f(ok, ov)?
-                    {
-                        stopped = true;
-                        return Ok(false);
+        self.engine.scan(start, end, &mut |k, v| {
+            while let Some((ok, put)) = overlay.next_if(|(ok, _)| ok.as_slice() < k) {
+                if *put && !f(ok, &[])? {
+                    stopped = true;
+                    return Ok(false);
+                }
+            }
+            let go_on = match overlay.next_if(|(ok, _)| ok.as_slice() == k) {
+                Some((_, true)) => f(k, &[])?,
+                Some((_, false)) => true,
+                None => f(k, v)?,
+            };
+            stopped = !go_on;
+            Ok(go_on)
+        })?;
+        if !stopped {
+            for (ok, put) in overlay {
+                if *put && !f(ok, &[])? {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The expiry of the value, list element or map entry at `state_key`: `None` if there
+    /// is none, `Some(None)` if it never expires.
+    fn state_expiry(&self, state_key: &[u8]) -> Result<Option<Option<i64>>> {
+        let (ns, prefix_len) = keys::split_state_key(state_key)?;
+        let (hkey, suffix) = state_key[1..].split_at(prefix_len - 1);
+        let expiry = |v: &[u8]| Header::decode(v).map(|h| h.expires_at_ms);
+        if let Some(bucket) = self.overlay.vars.get(hkey) {
+            let buffered = match ns {
+                keys::VALUE => bucket.value.as_ref().map(Slot::as_deref),
+                _ => {
+                    let coll = if ns == keys::LIST {
+                        bucket.list.as_deref()
+                    } else {
+                        bucket.map.as_deref()
+                    };
+                    match coll {
+                        Some(c) => match c.entries.get(suffix) {
+                            Some(slot) => Some(slot.as_deref()),
+                            None if c.is_cleared() => Some(None),
+                            None => None,
+                        },
+                        None => None,
                     }
                 }
-                let go_on = match overlay.next_if(|(ok, _)| ok.as_slice() == k) {
-                    Some((_, Some(ov))) => f(k, ov)?,
-                    Some((_, None)) => true,
-                    None => f(k, v)?,
-                };
-                stopped = !go_on;
-                Ok(go_on)
-            })?;
-            if stopped {
-                return Ok(());
+            };
+            if let Some(bytes) = buffered {
+                return bytes.map(expiry).transpose();
             }
         }
-        for (ok, ov) in overlay {
-            if let Some(ov) = ov
-                && !f(ok, ov)?
-            {
-                break;
-            }
-        }
-        Ok(())
+        read_with(&*self.engine, state_key, expiry)
     }
 
-    /// Removes everything in `[start, end)`: buffered points, and committed entries through
-    /// point deletes when there are few, else a range tombstone.
-    fn clear_range(&mut self, (start, end): (Vec<u8>, Vec<u8>)) -> Result<()> {
-        let doomed: Vec<Vec<u8>> = self
-            .points
-            .range::<[u8], _>((Included(start.as_slice()), Excluded(end.as_slice())))
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in &doomed {
-            self.points.remove(k);
+    /// Deletes the value, list element or map entry at `state_key`.
+    fn delete_state(&mut self, state_key: &[u8]) -> Result<()> {
+        let (ns, prefix_len) = keys::split_state_key(state_key)?;
+        let (hkey, suffix) = state_key[1..].split_at(prefix_len - 1);
+        let o = &mut self.overlay;
+        if ns == keys::VALUE {
+            o.put_value_slot(hkey, None);
+            return Ok(());
         }
-        let mut committed = Vec::new();
-        let mut many = false;
-        for (seg_start, seg_end) in self.live_segments(&start, &end) {
-            self.engine.scan(seg_start, seg_end, &mut |k, _| {
-                many = committed.len() == POINT_DELETE_LIMIT;
-                if !many {
-                    committed.push(k.to_vec());
-                }
-                Ok(!many)
-            })?;
-            if many {
-                break;
-            }
-        }
-        if many {
-            self.add_tombstone(start, end);
+        let bucket = o.vars.get_or_default(hkey);
+        let coll = if ns == keys::LIST {
+            &mut bucket.list
         } else {
-            for k in committed {
-                self.points.insert(k, None);
-            }
-        }
+            &mut bucket.map
+        };
+        let change = coll.get_or_insert_default().write(suffix, None);
+        add(&mut o.writes, change);
         Ok(())
     }
+}
 
-    /// Adds range tombstone `[start, end)`, merging it with those it overlaps or touches.
-    /// Callers have removed the points it covers.
-    fn add_tombstone(&mut self, mut start: Vec<u8>, mut end: Vec<u8>) {
-        let merged: Vec<Vec<u8>> = self
-            .tombstones
-            .range::<[u8], _>((Unbounded, Included(end.as_slice())))
-            .rev()
-            .take_while(|(_, t_end)| t_end.as_slice() >= start.as_slice())
-            .map(|(t_start, _)| t_start.clone())
-            .collect();
-        for t_start in merged {
-            if let Some(t_end) = self.tombstones.remove(&t_start) {
-                start = start.min(t_start);
-                end = end.max(t_end);
+impl Overlay {
+    /// Sets the value slot of `hkey`.
+    fn put_value_slot(&mut self, hkey: &[u8], slot: Slot) {
+        let bucket = self.vars.get_or_default(hkey);
+        if bucket.value.replace(slot).is_none() {
+            self.writes += 1;
+        }
+    }
+
+    /// Puts (`true`) or deletes a timers-by-time or TTL index entry.
+    fn mark(&mut self, key: Vec<u8>, put: bool) {
+        mark(&mut self.ordered, &mut self.writes, key, put);
+    }
+
+    /// The write-batch operations reproducing the overlay, ascending by key (range
+    /// tombstones just before the keys they cover, so a put inside one survives).
+    fn into_ops(self) -> Vec<WriteOp> {
+        let mut ops = Vec::with_capacity(self.writes + 16);
+        // One sort serves every namespace: within each, keys order by `[var][keylen][key]`,
+        // then suffix; and no such prefix is a prefix of another.
+        let mut vars = self.vars.into_sorted();
+        for (hkey, bucket) in &mut vars {
+            if let Some(slot) = bucket.value.take() {
+                push_op(&mut ops, state_key(keys::VALUE, hkey, &[]), slot);
             }
         }
-        self.tombstones.insert(start, end);
+        for (hkey, bucket) in &mut vars {
+            if let Some(list) = bucket.list.as_deref_mut() {
+                coll_ops(&mut ops, keys::LIST, hkey, list);
+            }
+        }
+        for (hkey, bucket) in &vars {
+            if let Some(list) = bucket.list.as_deref()
+                && list.meta_dirty
+            {
+                let key = state_key(keys::LIST_META, hkey, &[]);
+                let next = list.next_seq.unwrap_or(0);
+                push_op(
+                    &mut ops,
+                    key,
+                    (next > 0).then(|| next.to_be_bytes().to_vec()),
+                );
+            }
+        }
+        for (hkey, bucket) in &mut vars {
+            if let Some(map) = bucket.map.as_deref_mut() {
+                coll_ops(&mut ops, keys::MAP, hkey, map);
+            }
+        }
+        drop(vars);
+        for (hkey, timers) in &mut self.timers.into_sorted() {
+            coll_ops(&mut ops, keys::TIMER_BY_KEY, hkey, timers);
+        }
+        for (key, put) in self.ordered {
+            push_op(&mut ops, key, put.then(Vec::new));
+        }
+        ops
     }
+}
+
+/// Appends the operations of one collection: its range tombstone or the point deletes of
+/// its committed entries, merged in key order with its buffered writes.
+fn coll_ops(ops: &mut Vec<WriteOp>, ns: u8, hkey: &[u8], coll: &mut Coll) {
+    let entries = std::mem::take(&mut coll.entries).into_sorted();
+    match std::mem::take(&mut coll.base) {
+        Base::Committed => {
+            for (suffix, slot) in entries {
+                push_op(ops, state_key(ns, hkey, &suffix), slot);
+            }
+        }
+        Base::ClearedRange => {
+            let start = state_key(ns, hkey, &[]);
+            let end = keys::prefix_successor(&start);
+            ops.push(WriteOp::DeleteRange(start, end));
+            for (suffix, slot) in entries {
+                push_op(ops, state_key(ns, hkey, &suffix), slot);
+            }
+        }
+        Base::ClearedPoints(deletes) => {
+            let mut deletes = deletes.into_iter().peekable();
+            for (suffix, slot) in entries {
+                while let Some(d) = deletes.next_if(|d| *d < suffix) {
+                    ops.push(WriteOp::Delete(state_key(ns, hkey, &d)));
+                }
+                deletes.next_if(|d| *d == suffix);
+                push_op(ops, state_key(ns, hkey, &suffix), slot);
+            }
+            for d in deletes {
+                ops.push(WriteOp::Delete(state_key(ns, hkey, &d)));
+            }
+        }
+    }
+}
+
+/// `[ns][hkey][suffix]`.
+fn state_key(ns: u8, hkey: &[u8], suffix: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + hkey.len() + suffix.len());
+    k.push(ns);
+    k.extend_from_slice(hkey);
+    k.extend_from_slice(suffix);
+    k
+}
+
+fn push_op(ops: &mut Vec<WriteOp>, key: Vec<u8>, slot: Slot) {
+    ops.push(match slot {
+        Some(v) => WriteOp::Put(key, v),
+        None => WriteOp::Delete(key),
+    });
+}
+
+fn mark(ordered: &mut BTreeMap<Vec<u8>, bool>, writes: &mut usize, key: Vec<u8>, put: bool) {
+    if ordered.insert(key, put).is_none() {
+        *writes += 1;
+    }
+}
+
+fn add(writes: &mut usize, change: isize) {
+    *writes = writes.saturating_add_signed(change);
+}
+
+/// Applies `f` to the committed bytes at `key`.
+fn read_with<R>(
+    engine: &dyn KvEngine,
+    key: &[u8],
+    f: impl FnOnce(&[u8]) -> Result<R>,
+) -> Result<Option<R>> {
+    let mut f = Some(f);
+    let mut out = None;
+    engine.get_with(key, &mut |v| {
+        if let Some(f) = f.take() {
+            out = Some(f(v)?);
+        }
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// The stored value in `bytes` if it is live at `clock`.
+fn live(bytes: Option<&[u8]>, clock: Option<i64>) -> Result<Option<StoredValue>> {
+    let Some(bytes) = bytes else {
+        return Ok(None);
+    };
+    let header = Header::decode(bytes)?;
+    Ok(header.is_live(clock).then(|| header.to_owned()))
+}
+
+fn decode_seq(suffix: &[u8]) -> Result<u64> {
+    <[u8; 8]>::try_from(suffix)
+        .map(u64::from_be_bytes)
+        .map_err(|_| StoreError::Corrupt("malformed list element key".into()))
 }
 
 fn decode_next_seq(v: &[u8]) -> Result<u64> {
@@ -577,8 +819,8 @@ impl fmt::Debug for PartitionTxn {
         f.debug_struct("PartitionTxn")
             .field("partition", &self.partition)
             .field("ttl_clock", &self.ttl_clock)
-            .field("pending_writes", &self.points.len())
-            .field("range_tombstones", &self.tombstones.len())
+            .field("pending_writes", &self.pending_writes())
+            .field("sealed", &self.sealed.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -586,83 +828,195 @@ impl fmt::Debug for PartitionTxn {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Checkpoint;
+    use crate::overlay::POINT_DELETE_LIMIT;
+    use crate::{Checkpoint, Commit};
 
-    fn txn() -> PartitionTxn {
-        Checkpoint::in_memory().txn(0)
+    fn v(payload: &str) -> StoredValue {
+        StoredValue {
+            schema_id: 0,
+            expires_at_ms: None,
+            payload: payload.as_bytes().to_vec(),
+        }
     }
 
-    fn tombstones(txn: &PartitionTxn) -> Vec<(&[u8], &[u8])> {
-        txn.tombstones
-            .iter()
-            .map(|(s, e)| (s.as_slice(), e.as_slice()))
-            .collect()
+    fn commit(cp: &Checkpoint, txn: PartitionTxn) {
+        cp.commit(Commit {
+            txns: vec![txn],
+            ..Commit::default()
+        })
+        .unwrap();
     }
 
-    #[test]
-    fn tombstones_merge_when_overlapping_or_touching() {
-        let mut txn = txn();
-        txn.add_tombstone(b"c".to_vec(), b"e".to_vec());
-        txn.add_tombstone(b"g".to_vec(), b"i".to_vec());
-        assert_eq!(tombstones(&txn), [(&b"c"[..], &b"e"[..]), (b"g", b"i")]);
-        txn.add_tombstone(b"e".to_vec(), b"f".to_vec());
-        assert_eq!(tombstones(&txn), [(&b"c"[..], &b"f"[..]), (b"g", b"i")]);
-        txn.add_tombstone(b"d".to_vec(), b"h".to_vec());
-        assert_eq!(tombstones(&txn), [(&b"c"[..], &b"i"[..])]);
-        txn.add_tombstone(b"a".to_vec(), b"b".to_vec());
-        txn.add_tombstone(b"a".to_vec(), b"z".to_vec());
-        assert_eq!(tombstones(&txn), [(&b"a"[..], &b"z"[..])]);
-        assert!(txn.in_tombstone(b"a"));
-        assert!(txn.in_tombstone(b"yyy"));
-        assert!(!txn.in_tombstone(b"z"));
-        assert!(!txn.in_tombstone(b"0"));
-    }
-
-    #[test]
-    fn live_segments_skip_tombstones() {
-        let mut txn = txn();
-        assert_eq!(txn.live_segments(b"a", b"z"), [(&b"a"[..], &b"z"[..])]);
-        assert!(txn.live_segments(b"z", b"a").is_empty());
-        txn.add_tombstone(b"c".to_vec(), b"e".to_vec());
-        txn.add_tombstone(b"g".to_vec(), b"i".to_vec());
-        assert_eq!(
-            txn.live_segments(b"a", b"z"),
-            [(&b"a"[..], &b"c"[..]), (b"e", b"g"), (b"i", b"z")]
-        );
-        assert_eq!(txn.live_segments(b"d", b"h"), [(&b"e"[..], &b"g"[..])]);
-        assert!(txn.live_segments(b"c", b"e").is_empty());
-        assert!(txn.live_segments(b"cc", b"d").is_empty());
+    fn op_key(op: &WriteOp) -> &[u8] {
+        match op {
+            WriteOp::Put(k, _) | WriteOp::Delete(k) | WriteOp::DeleteRange(k, _) => k,
+        }
     }
 
     #[test]
     fn clearing_a_big_committed_collection_uses_one_range_tombstone() {
         let cp = Checkpoint::in_memory();
-        let value = StoredValue {
-            schema_id: 0,
-            expires_at_ms: None,
-            payload: b"1".to_vec(),
-        };
         let mut txn = cp.txn(0);
-        txn.list_append(1, b"small", vec![value.clone(); POINT_DELETE_LIMIT])
+        txn.list_append(1, b"small", vec![v("1"); POINT_DELETE_LIMIT])
             .unwrap();
-        txn.list_append(1, b"big", vec![value.clone(); POINT_DELETE_LIMIT + 1])
+        txn.list_append(1, b"big", vec![v("1"); POINT_DELETE_LIMIT + 1])
             .unwrap();
-        cp.commit(crate::Commit {
-            txns: vec![txn],
-            ..Default::default()
-        })
-        .unwrap();
+        commit(&cp, txn);
 
         let mut txn = cp.txn(0);
         txn.list_clear(1, b"small").unwrap();
-        assert!(txn.tombstones.is_empty());
         // Point deletes for every element plus the list's metadata.
         assert_eq!(txn.pending_writes(), POINT_DELETE_LIMIT + 1);
         txn.list_clear(1, b"big").unwrap();
-        assert_eq!(txn.tombstones.len(), 1);
         assert_eq!(txn.pending_writes(), POINT_DELETE_LIMIT + 2);
         // Appends after the clear live inside the tombstone as points.
-        txn.list_append(1, b"big", vec![value.clone()]).unwrap();
-        assert_eq!(txn.list_page(1, b"big", None, 10).unwrap(), [(0, value)]);
+        txn.list_append(1, b"big", vec![v("new")]).unwrap();
+        assert_eq!(txn.pending_writes(), POINT_DELETE_LIMIT + 3);
+        assert_eq!(txn.list_page(1, b"big", None, 10).unwrap(), [(0, v("new"))]);
+        let ops = txn.into_ops();
+        let ranges: Vec<&WriteOp> = ops
+            .iter()
+            .filter(|op| matches!(op, WriteOp::DeleteRange(..)))
+            .collect();
+        let (start, end) = keys::prefix_range(keys::list_prefix(1, b"big"));
+        assert_eq!(ranges, [&WriteOp::DeleteRange(start, end)]);
+        assert_eq!(ops.len(), POINT_DELETE_LIMIT + 4);
+        assert!(ops.contains(&WriteOp::Put(
+            keys::list_meta_key(1, b"big"),
+            1u64.to_be_bytes().to_vec()
+        )));
+        assert!(ops.contains(&WriteOp::Delete(keys::list_meta_key(1, b"small"))));
+    }
+
+    #[test]
+    fn deletes_after_a_clear_cancel_buffered_puts_only() {
+        let cp = Checkpoint::in_memory();
+        let mut txn = cp.txn(0);
+        txn.map_put(1, b"k", b"a", v("a")).unwrap();
+        commit(&cp, txn);
+
+        let mut txn = cp.txn(0);
+        txn.map_clear(1, b"k").unwrap();
+        assert_eq!(txn.pending_writes(), 1, "the committed entry's delete");
+        txn.map_put(1, b"k", b"a", v("a2")).unwrap();
+        txn.map_put(1, b"k", b"b", v("b")).unwrap();
+        assert_eq!(txn.pending_writes(), 2);
+        txn.map_remove(1, b"k", b"a").unwrap();
+        txn.map_remove(1, b"k", b"b").unwrap();
+        txn.map_remove(1, b"k", b"never").unwrap();
+        assert_eq!(txn.pending_writes(), 1);
+        assert_eq!(
+            txn.into_ops(),
+            [WriteOp::Delete(keys::map_entry_key(1, b"k", b"a"))]
+        );
+    }
+
+    /// Everything the test below can see of the state.
+    type Snapshot = Vec<(
+        Option<StoredValue>,
+        Vec<(u64, StoredValue)>,
+        Vec<(Vec<u8>, StoredValue)>,
+        Vec<i64>,
+    )>;
+
+    const KEYS: [&[u8]; 5] = [b"", b"a", b"a\0", b"b", b"big"];
+
+    fn snapshot(txn: &PartitionTxn) -> (Snapshot, Vec<(i64, Vec<u8>)>) {
+        let per_key = KEYS
+            .iter()
+            .map(|k| {
+                (
+                    txn.value_get(1, k).unwrap(),
+                    txn.list_page(2, k, None, usize::MAX).unwrap(),
+                    txn.map_page(3, k, None, usize::MAX).unwrap(),
+                    txn.timer_list(k).unwrap(),
+                )
+            })
+            .collect();
+        (per_key, txn.timers_due(i64::MAX, usize::MAX).unwrap())
+    }
+
+    /// Random operations of every kind over committed state, big collections included:
+    /// the sealed operations are in strictly ascending key order, and committing them shows
+    /// exactly what the overlay showed.
+    #[test]
+    fn sealed_operations_are_sorted_and_reproduce_the_overlay() {
+        let cp = Checkpoint::in_memory();
+        let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = move |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        let mut txn = cp.txn(0);
+        txn.list_append(2, b"big", (0..100).map(|i| v(&i.to_string())).collect())
+            .unwrap();
+        for i in 0..100u32 {
+            txn.map_put(3, b"big", &i.to_be_bytes(), v("old")).unwrap();
+        }
+        commit(&cp, txn);
+        for round in 0..6 {
+            let mut txn = cp.txn(0);
+            for step in 0..300 {
+                let key = KEYS[next(KEYS.len() as u64) as usize];
+                let value = if next(4) == 0 {
+                    StoredValue {
+                        expires_at_ms: Some(next(50) as i64),
+                        ..v(&format!("{round}/{step}"))
+                    }
+                } else {
+                    v(&format!("{round}/{step}"))
+                };
+                let uk = (next(120) as u32).to_be_bytes();
+                match next(16) {
+                    0..=1 => txn.value_put(1, key, value).unwrap(),
+                    2 => txn.value_delete(1, key).unwrap(),
+                    3..=4 => txn.list_append(2, key, vec![value.clone(), value]).unwrap(),
+                    5 => txn.list_clear(2, key).unwrap(),
+                    6 => txn.list_put(2, key, vec![value]).unwrap(),
+                    7..=8 => txn.map_put(3, key, &uk, value).unwrap(),
+                    9 => txn.map_remove(3, key, &uk).unwrap(),
+                    10 => txn.map_clear(3, key).unwrap(),
+                    11 => txn.timer_register(key, next(20) as i64 - 10).unwrap(),
+                    12 => txn.timer_delete(key, next(20) as i64 - 10).unwrap(),
+                    13 => {
+                        txn.ttl_cleanup(next(50) as i64).unwrap();
+                    }
+                    _ => {
+                        let seen = snapshot(&txn);
+                        assert_eq!(seen, snapshot(&txn));
+                    }
+                }
+            }
+            let seen = snapshot(&txn);
+            let pending = txn.pending_writes();
+            txn.seal();
+            assert_eq!(txn.pending_writes(), pending);
+            let ops = txn.into_ops();
+            for w in ops.windows(2) {
+                assert!(op_key(&w[0]) < op_key(&w[1]), "round {round}: {w:?}");
+            }
+            let points = ops
+                .iter()
+                .filter(|op| !matches!(op, WriteOp::DeleteRange(..)))
+                .count();
+            assert_eq!(points, pending, "round {round}");
+            let mut batch = crate::WriteBatch::new();
+            batch.append(ops);
+            cp.engine().write(batch).unwrap();
+            assert_eq!(snapshot(&cp.txn(0)), seen, "round {round}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "sealed PartitionTxn")]
+    fn a_sealed_transaction_refuses_state_access() {
+        let mut txn = Checkpoint::in_memory().txn(0);
+        txn.value_put(1, b"k", v("1")).unwrap();
+        txn.seal();
+        txn.seal();
+        assert_eq!(txn.pending_writes(), 1);
+        let _ = txn.value_get(1, b"k");
     }
 }

@@ -1,0 +1,581 @@
+//! The building blocks of the batch overlay: short byte strings without a heap allocation,
+//! and the small ordered maps that hold one collection's buffered writes.
+//!
+//! Everything a state operation touches lives under one `(namespace, variable, grouping key)`
+//! prefix, so the overlay is a hash map from that prefix to a [`Coll`] (or a value slot) and
+//! ordered structures are only ever as big as one collection's writes in one batch.
+
+use std::borrow::Borrow;
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+use std::collections::btree_map;
+use std::fmt;
+use std::hash::BuildHasher;
+use std::ops::Bound::{self, Excluded, Included, Unbounded};
+use std::ops::Deref;
+use std::slice;
+
+use hashbrown::DefaultHashBuilder;
+use hashbrown::hash_table::{Entry, HashTable};
+
+use crate::Result;
+use crate::engine::{KvEngine, ScanFn};
+use crate::keys;
+
+/// A buffered write: `Some(bytes)` puts, `None` deletes.
+pub(crate) type Slot = Option<Vec<u8>>;
+
+/// Bytes stored inline up to this length: a grouping key prefix of a short key, a list
+/// sequence, a typical map user key.
+const INLINE: usize = 30;
+
+/// An immutable byte string, inline when short. Hashes, compares and orders like `[u8]`.
+#[derive(Clone)]
+pub(crate) enum SmallBytes {
+    Inline { len: u8, buf: [u8; INLINE] },
+    Heap(Box<[u8]>),
+}
+
+const _: () = assert!(size_of::<SmallBytes>() == 32);
+
+impl SmallBytes {
+    #[inline]
+    pub(crate) fn new(bytes: &[u8]) -> Self {
+        match u8::try_from(bytes.len()) {
+            Ok(len) if bytes.len() <= INLINE => {
+                let mut buf = [0; INLINE];
+                buf[..bytes.len()].copy_from_slice(bytes);
+                Self::Inline { len, buf }
+            }
+            _ => Self::Heap(bytes.into()),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        match self {
+            Self::Inline { len, buf } => &buf[..usize::from(*len)],
+            Self::Heap(b) => b,
+        }
+    }
+}
+
+impl Deref for SmallBytes {
+    type Target = [u8];
+    #[inline]
+    fn deref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl Borrow<[u8]> for SmallBytes {
+    #[inline]
+    fn borrow(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl From<&[u8]> for SmallBytes {
+    #[inline]
+    fn from(bytes: &[u8]) -> Self {
+        Self::new(bytes)
+    }
+}
+
+impl PartialEq for SmallBytes {
+    #[inline]
+    fn eq(&self, other: &Self) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for SmallBytes {}
+
+impl PartialOrd for SmallBytes {
+    #[inline]
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for SmallBytes {
+    #[inline]
+    fn cmp(&self, other: &Self) -> Ordering {
+        match (self, other) {
+            // Zero padding keeps byte order: where one string ends and the other goes on,
+            // the padding byte is at most the other's byte, and on a tie the shorter sorts
+            // first. Four word compares instead of a `memcmp` call.
+            (Self::Inline { len: a, buf: x }, Self::Inline { len: b, buf: y }) => {
+                words(x).cmp(&words(y)).then(a.cmp(b))
+            }
+            _ => self.as_slice().cmp(other.as_slice()),
+        }
+    }
+}
+
+/// The inline buffer as big-endian words; the last overlaps the third (a tie on the third
+/// means the overlapped bytes are equal).
+#[inline]
+fn words(buf: &[u8; INLINE]) -> [u64; 4] {
+    let word = |at: usize| {
+        let mut w = [0; 8];
+        w.copy_from_slice(&buf[at..at + 8]);
+        u64::from_be_bytes(w)
+    };
+    [word(0), word(8), word(16), word(INLINE - 8)]
+}
+
+impl fmt::Debug for SmallBytes {
+    /// Length only: keys belong to tenants and are never logged.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SmallBytes({} bytes)", self.len())
+    }
+}
+
+/// A hash map from byte-string keys (key prefixes) to `V`, probed with borrowed keys: a key
+/// is copied into the map only when it is new.
+pub(crate) struct PrefixMap<V> {
+    table: HashTable<(SmallBytes, V)>,
+    hasher: DefaultHashBuilder,
+}
+
+impl<V> Default for PrefixMap<V> {
+    fn default() -> Self {
+        Self {
+            table: HashTable::new(),
+            hasher: DefaultHashBuilder::default(),
+        }
+    }
+}
+
+impl<V: Default> PrefixMap<V> {
+    #[inline]
+    pub(crate) fn get(&self, key: &[u8]) -> Option<&V> {
+        let hash = self.hasher.hash_one(key);
+        self.table
+            .find(hash, |(k, _)| k.as_slice() == key)
+            .map(|(_, v)| v)
+    }
+
+    /// The value at `key`, inserting a default one if there is none.
+    #[inline]
+    pub(crate) fn get_or_default(&mut self, key: &[u8]) -> &mut V {
+        let hasher = &self.hasher;
+        let hash = hasher.hash_one(key);
+        let entry = self.table.entry(
+            hash,
+            |(k, _)| k.as_slice() == key,
+            |(k, _)| hasher.hash_one(k.as_slice()),
+        );
+        match entry {
+            Entry::Occupied(e) => &mut e.into_mut().1,
+            Entry::Vacant(e) => &mut e.insert((SmallBytes::new(key), V::default())).into_mut().1,
+        }
+    }
+
+    /// Every entry, ascending by key, consumed.
+    pub(crate) fn into_sorted(self) -> Vec<(SmallBytes, V)> {
+        let mut all: Vec<(SmallBytes, V)> = self.table.into_iter().collect();
+        all.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+}
+
+/// Up to this many entries a collection's writes live in a sorted vector; beyond, in a
+/// B-tree (so a batch that fills one huge map stays `O(n log n)`).
+const SMALL_MAX: usize = 32;
+
+/// One collection's buffered writes, by key suffix (after the collection's prefix).
+#[derive(Debug)]
+pub(crate) enum Entries {
+    Small(Vec<(SmallBytes, Slot)>),
+    Large(BTreeMap<SmallBytes, Slot>),
+}
+
+impl Default for Entries {
+    fn default() -> Self {
+        Self::Small(Vec::new())
+    }
+}
+
+impl Entries {
+    pub(crate) fn get(&self, suffix: &[u8]) -> Option<&Slot> {
+        match self {
+            Self::Small(v) => v
+                .binary_search_by(|(k, _)| k.as_slice().cmp(suffix))
+                .ok()
+                .map(|i| &v[i].1),
+            Self::Large(m) => m.get(suffix),
+        }
+    }
+
+    /// Sets `suffix` to `slot`; returns whether the suffix was new.
+    pub(crate) fn insert(&mut self, suffix: &[u8], slot: Slot) -> bool {
+        match self {
+            Self::Small(v) => {
+                // Appends (list elements, ascending sequences) hit the first branch.
+                let pos = match v.last() {
+                    Some((last, _)) if last.as_slice() < suffix => Err(v.len()),
+                    None => Err(0),
+                    Some(_) => v.binary_search_by(|(k, _)| k.as_slice().cmp(suffix)),
+                };
+                match pos {
+                    Ok(i) => {
+                        v[i].1 = slot;
+                        false
+                    }
+                    Err(i) => {
+                        if v.len() < SMALL_MAX {
+                            v.insert(i, (SmallBytes::new(suffix), slot));
+                        } else {
+                            let mut m: BTreeMap<SmallBytes, Slot> =
+                                std::mem::take(v).into_iter().collect();
+                            m.insert(SmallBytes::new(suffix), slot);
+                            *self = Self::Large(m);
+                        }
+                        true
+                    }
+                }
+            }
+            Self::Large(m) => match m.get_mut(suffix) {
+                Some(old) => {
+                    *old = slot;
+                    false
+                }
+                None => {
+                    m.insert(SmallBytes::new(suffix), slot);
+                    true
+                }
+            },
+        }
+    }
+
+    /// Removes `suffix`; returns whether it was there.
+    pub(crate) fn remove(&mut self, suffix: &[u8]) -> bool {
+        match self {
+            Self::Small(v) => match v.binary_search_by(|(k, _)| k.as_slice().cmp(suffix)) {
+                Ok(i) => {
+                    v.remove(i);
+                    true
+                }
+                Err(_) => false,
+            },
+            Self::Large(m) => m.remove(suffix).is_some(),
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Self::Small(v) => v.len(),
+            Self::Large(m) => m.len(),
+        }
+    }
+
+    pub(crate) fn clear(&mut self) {
+        *self = Self::default();
+    }
+
+    /// Entries with suffix after `from`, ascending.
+    pub(crate) fn range(&self, from: Bound<&[u8]>) -> EntriesIter<'_> {
+        match self {
+            Self::Small(v) => {
+                let start = match from {
+                    Unbounded => 0,
+                    Included(s) => v.partition_point(|(k, _)| k.as_slice() < s),
+                    Excluded(s) => v.partition_point(|(k, _)| k.as_slice() <= s),
+                };
+                EntriesIter::Small(v[start..].iter())
+            }
+            Self::Large(m) => EntriesIter::Large(m.range::<[u8], _>((from, Unbounded))),
+        }
+    }
+
+    /// Every entry, ascending, consumed.
+    pub(crate) fn into_sorted(self) -> Vec<(SmallBytes, Slot)> {
+        match self {
+            Self::Small(v) => v,
+            Self::Large(m) => m.into_iter().collect(),
+        }
+    }
+}
+
+/// Iterator of [`Entries::range`].
+pub(crate) enum EntriesIter<'a> {
+    Small(slice::Iter<'a, (SmallBytes, Slot)>),
+    Large(btree_map::Range<'a, SmallBytes, Slot>),
+}
+
+impl<'a> Iterator for EntriesIter<'a> {
+    type Item = (&'a [u8], &'a Slot);
+
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            Self::Small(it) => it.next().map(|(k, v)| (k.as_slice(), v)),
+            Self::Large(it) => it.next().map(|(k, v)| (k.as_slice(), v)),
+        }
+    }
+}
+
+/// What a collection's committed entries look like through the overlay.
+#[derive(Debug, Default)]
+pub(crate) enum Base {
+    /// Committed entries show through wherever no buffered write covers them.
+    #[default]
+    Committed,
+    /// Cleared in this batch; the committed entries (these suffixes, ascending) get point
+    /// deletes at commit.
+    ClearedPoints(Vec<SmallBytes>),
+    /// Cleared in this batch; one range tombstone over the prefix removes the committed
+    /// entries at commit.
+    ClearedRange,
+}
+
+/// Up to this many committed entries, a clear writes point deletes instead of a range
+/// tombstone: RocksDB pays for every range tombstone on reads until compaction, so they are
+/// kept for where they save real work.
+pub(crate) const POINT_DELETE_LIMIT: usize = 64;
+
+/// The buffered writes of one list, map, or grouping key's timers.
+///
+/// **Invariant:** while the base is cleared, `entries` holds puts only (a delete just drops
+/// the buffered put, since nothing committed is visible under it).
+#[derive(Debug, Default)]
+pub(crate) struct Coll {
+    pub(crate) base: Base,
+    pub(crate) entries: Entries,
+    /// Lists only: the next element sequence, once read or set in this batch.
+    pub(crate) next_seq: Option<u64>,
+    /// Lists only: the list's metadata key must be written at commit.
+    pub(crate) meta_dirty: bool,
+}
+
+impl Coll {
+    pub(crate) fn is_cleared(&self) -> bool {
+        !matches!(self.base, Base::Committed)
+    }
+
+    /// Buffers `slot` at `suffix`; returns the change in point writes (see
+    /// [`Self::point_writes`]).
+    pub(crate) fn write(&mut self, suffix: &[u8], slot: Slot) -> isize {
+        let committed_delete = |deletes: &[SmallBytes]| {
+            deletes
+                .binary_search_by(|d| d.as_slice().cmp(suffix))
+                .is_ok()
+        };
+        match (&self.base, slot) {
+            (Base::Committed, slot) => isize::from(self.entries.insert(suffix, slot)),
+            (Base::ClearedRange, Some(v)) => isize::from(self.entries.insert(suffix, Some(v))),
+            (Base::ClearedRange, None) => -isize::from(self.entries.remove(suffix)),
+            (Base::ClearedPoints(d), Some(v)) => {
+                let shadowed = committed_delete(d);
+                isize::from(self.entries.insert(suffix, Some(v)) && !shadowed)
+            }
+            (Base::ClearedPoints(d), None) => {
+                let shadowed = committed_delete(d);
+                -isize::from(self.entries.remove(suffix) && !shadowed)
+            }
+        }
+    }
+
+    /// Removes every entry: buffered writes, and committed entries through point deletes
+    /// when there are few, else a range tombstone over `prefix`. Returns the change in point
+    /// writes.
+    pub(crate) fn clear(&mut self, engine: &dyn KvEngine, prefix: &[u8]) -> Result<isize> {
+        let before = self.point_writes();
+        if !self.is_cleared() {
+            let end = keys::prefix_successor(prefix);
+            let mut committed = Vec::new();
+            let mut many = false;
+            engine.scan(prefix, &end, &mut |k, _| {
+                many = committed.len() == POINT_DELETE_LIMIT;
+                if !many {
+                    committed.push(SmallBytes::new(&k[prefix.len()..]));
+                }
+                Ok(!many)
+            })?;
+            self.base = if many {
+                Base::ClearedRange
+            } else {
+                Base::ClearedPoints(committed)
+            };
+        }
+        self.entries.clear();
+        Ok(delta(before, self.point_writes()))
+    }
+
+    /// Point writes this collection adds to the commit (range tombstones and list metadata
+    /// not counted).
+    pub(crate) fn point_writes(&self) -> usize {
+        match &self.base {
+            Base::Committed | Base::ClearedRange => self.entries.len(),
+            Base::ClearedPoints(d) => {
+                let shadowed = d.iter().filter(|s| self.entries.get(s).is_some()).count();
+                self.entries.len() + d.len() - shadowed
+            }
+        }
+    }
+
+    /// Calls `f(suffix, value)` for every visible entry whose suffix lies after `from`,
+    /// ascending, until it returns `false`: committed entries under `prefix` (unless
+    /// cleared) merged with the buffered writes (puts replace, deletes hide). Memory use is
+    /// independent of the collection's size.
+    pub(crate) fn scan(
+        coll: Option<&Self>,
+        engine: &dyn KvEngine,
+        prefix: &[u8],
+        from: Bound<&[u8]>,
+        f: &mut ScanFn<'_>,
+    ) -> Result<()> {
+        let mut overlay = coll
+            .map(|c| c.entries.range(from))
+            .into_iter()
+            .flatten()
+            .peekable();
+        if !coll.is_some_and(Self::is_cleared) {
+            let mut start = Vec::with_capacity(prefix.len() + 16);
+            start.extend_from_slice(prefix);
+            match from {
+                Unbounded => {}
+                Included(s) => start.extend_from_slice(s),
+                Excluded(s) => {
+                    start.extend_from_slice(s);
+                    start.push(0);
+                }
+            }
+            let end = keys::prefix_successor(prefix);
+            let mut stopped = false;
+            engine.scan(&start, &end, &mut |k, v| {
+                let suffix = &k[prefix.len()..];
+                // Buffered entries sorting before this committed key come first.
+                while let Some((ok, ov)) = overlay.next_if(|(ok, _)| *ok < suffix) {
+                    if let Some(ov) = ov
+                        && !f(ok, ov)?
+                    {
+                        stopped = true;
+                        return Ok(false);
+                    }
+                }
+                let go_on = match overlay.next_if(|(ok, _)| *ok == suffix) {
+                    Some((_, Some(ov))) => f(suffix, ov)?,
+                    Some((_, None)) => true,
+                    None => f(suffix, v)?,
+                };
+                stopped = !go_on;
+                Ok(go_on)
+            })?;
+            if stopped {
+                return Ok(());
+            }
+        }
+        for (ok, ov) in overlay {
+            if let Some(ov) = ov
+                && !f(ok, ov)?
+            {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `after - before` as a signed change.
+pub(crate) fn delta(before: usize, after: usize) -> isize {
+    isize::try_from(after).unwrap_or(isize::MAX) - isize::try_from(before).unwrap_or(isize::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_bytes_behave_like_slices() {
+        let short = SmallBytes::new(b"abc");
+        let long = SmallBytes::new(&[7; 100]);
+        assert!(matches!(short, SmallBytes::Inline { .. }));
+        assert!(matches!(long, SmallBytes::Heap(_)));
+        assert_eq!(&*short, b"abc");
+        assert_eq!(long.len(), 100);
+        assert_eq!(&*SmallBytes::new(&[1; INLINE]), &[1; INLINE]);
+        assert!(SmallBytes::new(b"ab") < short && short < SmallBytes::new(b"b"));
+        // Ordering equals slice ordering across lengths, zero bytes and the inline limit.
+        let mut all: Vec<Vec<u8>> = vec![vec![], vec![0], vec![0, 0], vec![1], vec![0xff]];
+        for len in [7, 8, 9, 21, 22, 23, 24, 29, 30, 31, 40] {
+            for fill in [0u8, 1, 0xff] {
+                let mut v = vec![5; len];
+                all.push(v.clone());
+                v[len - 1] = fill;
+                all.push(v.clone());
+                v[len / 2] = fill;
+                all.push(v);
+            }
+        }
+        for a in &all {
+            for b in &all {
+                assert_eq!(
+                    SmallBytes::new(a).cmp(&SmallBytes::new(b)),
+                    a.cmp(b),
+                    "{a:?} {b:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn prefix_map_finds_inserts_and_sorts() {
+        let mut m: PrefixMap<u32> = PrefixMap::default();
+        assert_eq!(m.get(b"a"), None);
+        *m.get_or_default(b"b") += 2;
+        *m.get_or_default(b"a") += 1;
+        *m.get_or_default(&[9; 40]) += 5;
+        *m.get_or_default(b"b") += 2;
+        assert_eq!(m.get(b"b"), Some(&4));
+        assert_eq!(m.get(&[9; 40]), Some(&5));
+        let sorted: Vec<(Vec<u8>, u32)> = m
+            .into_sorted()
+            .into_iter()
+            .map(|(k, v)| (k.to_vec(), v))
+            .collect();
+        assert_eq!(
+            sorted,
+            [(vec![9; 40], 5), (b"a".to_vec(), 1), (b"b".to_vec(), 4)]
+        );
+    }
+
+    #[test]
+    fn entries_stay_sorted_across_the_switch_to_a_btree() {
+        let mut e = Entries::default();
+        let mut model = BTreeMap::new();
+        let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+        for i in 0..500u32 {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let k = (rng % 97).to_be_bytes();
+            let slot = (i % 3 != 0).then(|| i.to_be_bytes().to_vec());
+            if i % 11 == 0 {
+                assert_eq!(e.remove(&k), model.remove(&k).is_some());
+            } else {
+                assert_eq!(e.insert(&k, slot.clone()), model.insert(k, slot).is_none());
+            }
+            assert_eq!(e.len(), model.len());
+            let from = 40u64.to_be_bytes();
+            let got: Vec<_> = e
+                .range(Excluded(&from))
+                .map(|(k, v)| (k.to_vec(), v.clone()))
+                .collect();
+            let want: Vec<_> = model
+                .range::<[u8], _>((Excluded(&from[..]), Unbounded))
+                .map(|(k, v)| (k.to_vec(), v.clone()))
+                .collect();
+            assert_eq!(got, want);
+        }
+        assert!(matches!(e, Entries::Large(_)));
+        let all: Vec<_> = e
+            .into_sorted()
+            .into_iter()
+            .map(|(k, _)| k.to_vec())
+            .collect();
+        assert_eq!(all, model.keys().map(|k| k.to_vec()).collect::<Vec<_>>());
+    }
+}
