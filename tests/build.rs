@@ -15,6 +15,10 @@ const GUESTS: &[&str] = &[
     "scd1",
     "misbehave",
     "state-ops",
+    "heartbeat-monitor",
+    "sessionizer",
+    "dedup-ttl",
+    "timer-ops",
 ];
 
 fn main() {

@@ -159,7 +159,11 @@ fn timed(workload: &str, plugin: &str, column: &str, args: TimeArgs) -> anyhow::
         at += args.step_ms;
     }
     let seconds = started.elapsed().as_secs_f64();
-    anyhow::ensure!(events == args.events, "processed {events} of {} events", args.events);
+    anyhow::ensure!(
+        events == args.events,
+        "processed {events} of {} events",
+        args.events
+    );
     let line = json!({
         "workload": workload,
         "engine": "wasm",

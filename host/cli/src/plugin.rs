@@ -60,11 +60,9 @@ fn package_name(manifest: &str) -> Option<String> {
         let line = line.trim();
         if line.starts_with('[') {
             in_package = line == "[package]";
-        } else if in_package {
-            if let Some(rest) = line.strip_prefix("name") {
-                let value = rest.trim_start().strip_prefix('=')?.trim();
-                return Some(value.trim_matches('"').to_owned());
-            }
+        } else if let Some(rest) = line.strip_prefix("name").filter(|_| in_package) {
+            let value = rest.trim_start().strip_prefix('=')?.trim();
+            return Some(value.trim_matches('"').to_owned());
         }
     }
     None

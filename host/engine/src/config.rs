@@ -171,7 +171,7 @@ fn no_watermark() -> i64 {
 pub struct FileProgress {
     /// Bytes read so far.
     pub bytes: u64,
-    /// Lines read so far.
+    /// Line breaks read so far (a last line without one continues when the file grows).
     pub lines: u64,
 }
 

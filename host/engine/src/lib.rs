@@ -176,6 +176,21 @@ impl Query {
                         .map_or(0, |e| e.watermark_delay_ms),
                 };
                 check_time_settings(&config)?;
+                // A new checkpoint has committed no output, so opening the sink would
+                // truncate the file to nothing: refuse rather than destroy someone's data.
+                // (Checked before the query record is written, so a refused run leaves no
+                // checkpoint behind that would allow the truncation next time.)
+                let existing = std::fs::metadata(&opts.output).map_or(0, |m| m.len());
+                if existing > 0 {
+                    return Err(EngineError::Config(format!(
+                        "output {} already holds {existing} bytes but checkpoint {} is new; \
+                         statebox appends each batch's rows exactly once and needs a missing \
+                         or empty output file for a new checkpoint (move the file away or \
+                         choose another --output)",
+                        opts.output.display(),
+                        opts.checkpoint.display()
+                    )));
+                }
                 if config.partitions == 0 {
                     return Err(EngineError::Config(
                         "--partitions must be at least 1".into(),
@@ -356,9 +371,8 @@ impl Query {
         let mut new_progress = Vec::new();
         for range in &plan.ranges {
             let text = self.source.read(range)?;
-            let lines = range.first_line - 1
-                + source::count_lines(text.as_bytes())
-                + u64::from(!text.is_empty() && !text.ends_with('\n'));
+            // Only line breaks count: a last line without one continues when the file grows.
+            let lines = range.first_line - 1 + source::count_lines(text.as_bytes());
             new_progress.push((
                 range.file.clone(),
                 FileProgress {

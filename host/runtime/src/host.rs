@@ -570,16 +570,18 @@ impl handle::Host for HostState {
         if let Err(e) = self.timers_allowed("register-timer") {
             return Ok(Err(e));
         }
-        Ok(Ok(op!(self, "register-timer", |txn, key| txn
-            .timer_register(key, expiry_ms))))
+        op!(self, "register-timer", |txn, key| txn
+            .timer_register(key, expiry_ms));
+        Ok(Ok(()))
     }
 
     fn delete_timer(&mut self, expiry_ms: i64) -> wasmtime::Result<Result<(), StateError>> {
         if let Err(e) = self.timers_allowed("delete-timer") {
             return Ok(Err(e));
         }
-        Ok(Ok(op!(self, "delete-timer", |txn, key| txn
-            .timer_delete(key, expiry_ms))))
+        op!(self, "delete-timer", |txn, key| txn
+            .timer_delete(key, expiry_ms));
+        Ok(Ok(()))
     }
 
     fn list_timers(&mut self) -> wasmtime::Result<Result<Vec<i64>, StateError>> {
@@ -641,14 +643,16 @@ impl state::HostValueState for HostState {
             Ok(v) => v,
             Err(e) => return Ok(Err(e)),
         };
-        Ok(Ok(op!(self, "value-state.update", |txn, key| txn
-            .value_put(var.id, key, stored))))
+        op!(self, "value-state.update", |txn, key| txn
+            .value_put(var.id, key, stored));
+        Ok(Ok(()))
     }
 
     fn clear(&mut self, this: Resource<ValueStateRes>) -> wasmtime::Result<Result<(), StateError>> {
         let var = self.var(&this)?.0.clone();
-        Ok(Ok(op!(self, "value-state.clear", |txn, key| txn
-            .value_delete(var.id, key))))
+        op!(self, "value-state.clear", |txn, key| txn
+            .value_delete(var.id, key));
+        Ok(Ok(()))
     }
 
     fn drop(&mut self, rep: Resource<ValueStateRes>) -> wasmtime::Result<()> {
@@ -694,8 +698,9 @@ impl state::HostListState for HostState {
             Ok(v) => v,
             Err(e) => return Ok(Err(e)),
         };
-        Ok(Ok(op!(self, "list-state.put", |txn, key| txn
-            .list_put(var.id, key, values))))
+        op!(self, "list-state.put", |txn, key| txn
+            .list_put(var.id, key, values));
+        Ok(Ok(()))
     }
 
     fn append_value(
@@ -708,8 +713,9 @@ impl state::HostListState for HostState {
             Ok(v) => v,
             Err(e) => return Ok(Err(e)),
         };
-        Ok(Ok(op!(self, "list-state.append-value", |txn, key| txn
-            .list_append(var.id, key, values))))
+        op!(self, "list-state.append-value", |txn, key| txn
+            .list_append(var.id, key, values));
+        Ok(Ok(()))
     }
 
     fn append_list(
@@ -722,14 +728,16 @@ impl state::HostListState for HostState {
             Ok(v) => v,
             Err(e) => return Ok(Err(e)),
         };
-        Ok(Ok(op!(self, "list-state.append-list", |txn, key| txn
-            .list_append(var.id, key, values))))
+        op!(self, "list-state.append-list", |txn, key| txn
+            .list_append(var.id, key, values));
+        Ok(Ok(()))
     }
 
     fn clear(&mut self, this: Resource<ListStateRes>) -> wasmtime::Result<Result<(), StateError>> {
         let var = self.var(&this)?.0.clone();
-        Ok(Ok(op!(self, "list-state.clear", |txn, key| txn
-            .list_clear(var.id, key))))
+        op!(self, "list-state.clear", |txn, key| txn
+            .list_clear(var.id, key));
+        Ok(Ok(()))
     }
 
     fn drop(&mut self, rep: Resource<ListStateRes>) -> wasmtime::Result<()> {
@@ -793,8 +801,9 @@ impl state::HostMapState for HostState {
             Ok(v) => v,
             Err(e) => return Ok(Err(e)),
         };
-        Ok(Ok(op!(self, "map-state.update-value", |txn, key| txn
-            .map_put(var.id, key, &uk, stored))))
+        op!(self, "map-state.update-value", |txn, key| txn
+            .map_put(var.id, key, &uk, stored));
+        Ok(Ok(()))
     }
 
     fn remove_key(
@@ -807,8 +816,9 @@ impl state::HostMapState for HostState {
             Ok(k) => k,
             Err(e) => return Ok(Err(e)),
         };
-        Ok(Ok(op!(self, "map-state.remove-key", |txn, key| txn
-            .map_remove(var.id, key, &uk))))
+        op!(self, "map-state.remove-key", |txn, key| txn
+            .map_remove(var.id, key, &uk));
+        Ok(Ok(()))
     }
 
     fn iterator(
@@ -848,8 +858,9 @@ impl state::HostMapState for HostState {
 
     fn clear(&mut self, this: Resource<MapStateRes>) -> wasmtime::Result<Result<(), StateError>> {
         let var = self.var(&this)?.0.clone();
-        Ok(Ok(op!(self, "map-state.clear", |txn, key| txn
-            .map_clear(var.id, key))))
+        op!(self, "map-state.clear", |txn, key| txn
+            .map_clear(var.id, key));
+        Ok(Ok(()))
     }
 
     fn drop(&mut self, rep: Resource<MapStateRes>) -> wasmtime::Result<()> {

@@ -213,23 +213,19 @@ impl Runtime {
             .cache_dir
             .as_ref()
             .map(|dir| dir.join(format!("{hash}.cwasm")));
-        if let Some(path) = &cached {
-            if path.exists() {
-                // SAFETY: the cache directory holds only artifacts this host compiled itself
-                // (written below under the content hash of the source); wasmtime checks that
-                // the artifact matches this engine's version and configuration.
-                match unsafe { Component::deserialize_file(&self.engine, path) } {
-                    Ok(c) => return Ok(c),
-                    Err(e) => tracing::warn!(error = %e, "ignoring unusable cached component"),
-                }
+        if let Some(path) = cached.as_ref().filter(|p| p.exists()) {
+            // SAFETY: the cache directory holds only artifacts this host compiled itself
+            // (written below under the content hash of the source); wasmtime checks that
+            // the artifact matches this engine's version and configuration.
+            match unsafe { Component::deserialize_file(&self.engine, path) } {
+                Ok(c) => return Ok(c),
+                Err(e) => tracing::warn!(error = %e, "ignoring unusable cached component"),
             }
         }
         let component = Component::new(&self.engine, bytes)
             .map_err(|e| LoadError::Invalid(format!("{e:#}")))?;
-        if let Some(path) = &cached {
-            if let Err(e) = write_cache(path, &component) {
-                tracing::warn!(error = %e, "could not cache compiled component");
-            }
+        if let Some(Err(e)) = cached.as_ref().map(|path| write_cache(path, &component)) {
+            tracing::warn!(error = %e, "could not cache compiled component");
         }
         Ok(component)
     }
@@ -505,10 +501,10 @@ impl Instance {
         result: Result<Vec<String>, CallError>,
     ) -> Result<Vec<String>, CallError> {
         self.store.data_mut().end_call();
-        let rows = result?;
+        let mut rows = result?;
         let limit = self.store.data().output_limit();
         let mut bytes = 0usize;
-        for row in &rows {
+        for row in &mut rows {
             bytes += row.len();
             if bytes > limit {
                 return Err(self.error(
@@ -538,6 +534,13 @@ impl Instance {
                 if let Err(message) = check_event_time(row, column, watermark) {
                     return Err(self.error(function, Some(key), CallErrorKind::BadOutput(message)));
                 }
+            }
+            // The output is JSON Lines: a row the guest pretty-printed is re-encoded
+            // compactly so it stays on one line.
+            if row.contains(['\n', '\r']) {
+                let value: serde_json::Value =
+                    serde_json::from_str(row).expect("the row was validated as JSON");
+                *row = value.to_string();
             }
         }
         Ok(rows)

@@ -112,7 +112,9 @@ pub(crate) fn describe_trap(err: &wasmtime::Error, store: &Store<HostState>) -> 
             host.call_timeout()
         ),
         Some(Trap::StackOverflow) => "stack overflow (recursion too deep)".to_owned(),
-        _ => format!("{err:#}"),
+        Some(trap) => trap.to_string(),
+        // Not a trap code: a host function failed (its message is the root cause).
+        None => err.root_cause().to_string(),
     };
     if host.memory_limit_hit() {
         reason.push_str(&format!(
@@ -124,6 +126,10 @@ pub(crate) fn describe_trap(err: &wasmtime::Error, store: &Store<HostState>) -> 
     if !stderr.is_empty() {
         reason.push_str("; guest stderr: ");
         reason.push_str(&stderr);
+    }
+    // The guest backtrace helps the processor's author but buries the reason: it goes last.
+    if let Some(bt) = err.downcast_ref::<wasmtime::WasmBacktrace>() {
+        reason.push_str(&format!("\n{bt}"));
     }
     reason
 }

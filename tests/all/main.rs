@@ -1,0 +1,14 @@
+//! End-to-end tests of Statebox: real guest components (built by `build.rs`), the real
+//! wasmtime runtime, RocksDB checkpoints, and the `statebox` CLI.
+//!
+//! The CLI must be built first, with the same profile and target directory:
+//! `cargo build --release -p statebox`.
+
+mod bad_input;
+mod components;
+mod exactly_once;
+mod examples;
+mod restart;
+mod sandbox;
+mod scenarios;
+mod state_ops;

@@ -1,0 +1,211 @@
+//! Every scenario file under `tests/scenarios/` through `statebox test`: the time and TTL
+//! conformance scenarios (SPEC §3 and §4, driven by `tests/guests/timer-ops`) and the
+//! scenarios of the example plugins.
+//!
+//! Scenario files name their processor as a plugin folder (`plugins/heartbeat-monitor`).
+//! `statebox test` would build such a folder with cargo; here each scenario is copied with its
+//! processors replaced by the components `build.rs` already built, so the suite runs no nested
+//! cargo. One test keeps a scenario as written, to cover folder resolution too.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+use statebox_tests::{component_cache, statebox_bin};
+
+/// The workspace root.
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the tests package lives in the workspace")
+}
+
+/// Where `build.rs` put the guest components.
+fn guest_dir() -> &'static Path {
+    Path::new(env!("STATEBOX_GUEST_COUNTER"))
+        .parent()
+        .expect("a component lives in a directory")
+}
+
+/// Every scenario file, sorted.
+fn scenario_files() -> Vec<PathBuf> {
+    let dir = root().join("tests/scenarios");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+        .map(|entry| entry.expect("read a directory entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// The built component of a processor named in a scenario: a `.wasm` as is, a plugin folder
+/// (relative to the workspace root) as the component `build.rs` built from it.
+fn component(processor: &str) -> String {
+    if processor.ends_with(".wasm") {
+        return processor.to_owned();
+    }
+    let folder = root().join(processor);
+    assert!(
+        folder.join("Cargo.toml").is_file(),
+        "processor {processor} is neither a .wasm file nor a plugin folder of the workspace"
+    );
+    let name = folder
+        .file_name()
+        .and_then(|n| n.to_str())
+        .expect("a plugin folder has a name");
+    let wasm = guest_dir().join(format!("{}.wasm", name.replace('-', "_")));
+    assert!(
+        wasm.is_file(),
+        "{} is missing: add the package `{name}` to GUESTS in tests/build.rs",
+        wasm.display()
+    );
+    wasm.display().to_string()
+}
+
+/// The scenario with every processor (the query's and those of restart steps) replaced by
+/// its built component.
+fn with_components(mut scenario: Value) -> Value {
+    let processor = scenario["processor"]
+        .as_str()
+        .expect("a scenario names its processor");
+    scenario["processor"] = component(processor).into();
+    if let Some(steps) = scenario["steps"].as_array_mut() {
+        for step in steps {
+            if let Some(p) = step.get("processor").and_then(Value::as_str) {
+                step["processor"] = component(p).into();
+            }
+        }
+    }
+    scenario
+}
+
+fn read_scenario(path: &Path) -> Value {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
+}
+
+/// A `statebox test` command with the shared component cache.
+fn statebox_test(scenario: &Path) -> Command {
+    let mut cmd = Command::new(statebox_bin());
+    cmd.arg("test")
+        .arg(scenario)
+        .env("STATEBOX_CACHE_DIR", component_cache())
+        .env_remove("STATEBOX_LOG")
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// Writes the scenario into `dir` and runs `statebox test` on it.
+fn run_scenario(dir: &Path, name: &str, scenario: &Value) -> Output {
+    let file = dir.join(name);
+    std::fs::write(
+        &file,
+        serde_json::to_string_pretty(scenario).expect("serialises"),
+    )
+    .expect("write the scenario");
+    statebox_test(&file).output().expect("spawn statebox")
+}
+
+fn describe(output: &Output) -> String {
+    format!(
+        "exit status: {}\n--- stdout\n{}--- stderr\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+#[test]
+fn every_scenario_passes() {
+    let files = scenario_files();
+    assert!(
+        files.len() >= 20,
+        "expected the scenario files under tests/scenarios, found {}",
+        files.len()
+    );
+    let dir = tempfile::tempdir().expect("create a temporary directory");
+    // The scenarios are independent processes: run them all at once, report every failure.
+    let failures: Vec<String> = std::thread::scope(|s| {
+        let runs: Vec<_> = files
+            .iter()
+            .map(|file| {
+                let dir = dir.path();
+                s.spawn(move || {
+                    let name = file.file_name().and_then(|n| n.to_str()).expect("a name");
+                    let scenario = with_components(read_scenario(file));
+                    let output = run_scenario(dir, name, &scenario);
+                    (!output.status.success())
+                        .then(|| format!("=== {name} FAILED\n{}", describe(&output)))
+                })
+            })
+            .collect();
+        runs.into_iter()
+            .filter_map(|run| run.join().expect("a scenario thread panicked"))
+            .collect()
+    });
+    assert!(
+        failures.is_empty(),
+        "{} of {} scenarios failed:\n{}",
+        failures.len(),
+        files.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn a_scenario_naming_a_plugin_folder_runs_as_written() {
+    // `statebox test` builds the folder with cargo. It gets a target directory of its own
+    // (next to build.rs's, so it stays warm between runs): rebuilding into build.rs's would
+    // replace components that the other tests are loading.
+    let target = guest_dir()
+        .ancestors()
+        .nth(3)
+        .expect("<target>/wasm-guests/wasm32-wasip2/release")
+        .join("wasm-scenario-plugins");
+    let file = root().join("tests/scenarios/heartbeat-monitor.json");
+    let output = statebox_test(&file)
+        .env("STATEBOX_WASM_TARGET_DIR", &target)
+        .output()
+        .expect("spawn statebox");
+    assert!(output.status.success(), "{}", describe(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("ok: 11 steps passed"), "{stdout}");
+}
+
+#[test]
+fn a_wrong_expectation_fails_with_a_readable_diff() {
+    let mut scenario = with_components(read_scenario(
+        &root().join("tests/scenarios/timers-fire-in-ascending-order.json"),
+    ));
+    // Claim the last timer fires sixth (it fires fifth), and expect an error where there is none.
+    let fired = scenario["steps"][1]["expect"]
+        .as_array_mut()
+        .expect("step 2 expects rows");
+    let last = fired.last_mut().expect("step 2 expects a row");
+    last["seq"] = 6.into();
+    scenario["steps"][0]["expect_error"] = "a timer error".into();
+    let dir = tempfile::tempdir().expect("create a temporary directory");
+    let output = run_scenario(dir.path(), "wrong.json", &scenario);
+    let report = describe(&output);
+    assert_eq!(output.status.code(), Some(1), "{report}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    for line in [
+        "step 1: FAILED",
+        "  expected an error containing: a timer error",
+        "  but the step succeeded",
+        "step 2: FAILED",
+        r#"  - expected, not emitted: {"history":[1500,2500,3000],"k":"a","op":"fired","seq":6,"timers":[3000],"ts":3000}"#,
+        r#"  + emitted, not expected: {"history":[1500,2500,3000],"k":"a","op":"fired","seq":5,"timers":[3000],"ts":3000}"#,
+    ] {
+        assert!(
+            stdout.lines().any(|l| l == line),
+            "missing line `{line}`:\n{report}"
+        );
+    }
+    // Rows that matched are not part of the diff.
+    assert!(!stdout.contains(r#""seq":4"#), "{report}");
+    assert!(stderr.contains("2 of 2 steps failed"), "{report}");
+}
