@@ -290,6 +290,7 @@ impl EngineQuery {
             workers: None,
             event_time: None,
             output_event_time_column: None,
+            initial_state: None,
         };
         let mut q = EngineQuery {
             scratch,

@@ -1,4 +1,4 @@
-//! Write [Statebox](https://github.com/statebox) stateful processors in Rust.
+//! Write Statebox stateful processors in Rust.
 //!
 //! A processor is a type implementing [`StatefulProcessor`], exported with
 //! [`export_processor!`] and built with `cargo build --target wasm32-wasip2 --release` into a

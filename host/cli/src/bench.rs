@@ -10,9 +10,9 @@ use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::json;
 use statebox_engine::{PartitionProcessor, ProcessorFactory, Query, QueryOptions};
-use statebox_runtime::catalog::{Catalog, VarHandle, VarKind};
+use statebox_runtime::catalog::{Catalog, Declaration, InitOp, VarHandle, VarKind};
 use statebox_runtime::{
-    BatchTimes, CallError, CallErrorKind, Function, InstanceConfig, ProcessorInfo,
+    BatchTimes, CallError, CallErrorKind, Function, InstanceConfig, ProcessorInfo, TimeMode,
 };
 use statebox_schema::Schema;
 use statebox_state::{PartitionTxn, StoredValue};
@@ -146,6 +146,7 @@ fn timed(workload: &str, plugin: &str, column: &str, args: TimeArgs) -> anyhow::
         workers: None,
         event_time: None,
         output_event_time_column: None,
+        initial_state: None,
     };
     let started = Instant::now();
     let mut query = Query::open(opts, Arc::new(processor))?;
@@ -221,6 +222,7 @@ fn count(args: CountArgs) -> anyhow::Result<()> {
             workers: None,
             event_time: None,
             output_event_time_column: None,
+            initial_state: None,
         };
         let started = Instant::now();
         let mut query = Query::open(opts, factory)?;
@@ -313,6 +315,23 @@ struct NativeCounterInstance {
 impl ProcessorFactory for NativeCounter {
     fn info(&self) -> &ProcessorInfo {
         &self.info
+    }
+
+    fn declarations(&self, _time_mode: TimeMode) -> Result<Vec<InitOp>, CallError> {
+        let declare = |name: &str, kind, key: Option<&str>, value: &str| {
+            InitOp::Declare(Declaration {
+                name: name.into(),
+                kind,
+                key_schema: key.map(str::to_owned),
+                value_schema: value.into(),
+                ttl_ms: None,
+            })
+        };
+        Ok(vec![
+            declare("count", VarKind::Value, None, "long"),
+            declare("batchCounts", VarKind::List, None, "long"),
+            declare("stats", VarKind::Map, Some("name string"), "count long"),
+        ])
     }
 
     fn instantiate(

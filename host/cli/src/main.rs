@@ -36,9 +36,23 @@ enum Command {
     Run(RunArgs),
     /// Run a scenario file: explicit batches, times, restarts and expected output.
     Test(scenario::TestArgs),
+    /// Check whether a new processor can run on an existing checkpoint, before deploying it.
+    Check(CheckArgs),
     /// Measure throughput of the real pipeline.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+}
+
+#[derive(Args)]
+struct CheckArgs {
+    /// The new processor: a `.wasm` component or a plugin folder.
+    #[arg(long)]
+    processor: PathBuf,
+    /// The checkpoint it would run on (read-only; may be in use by a running pipeline).
+    #[arg(long)]
+    checkpoint: PathBuf,
+    #[command(flatten)]
+    sandbox: SandboxArgs,
 }
 
 #[derive(Args)]
@@ -79,6 +93,10 @@ struct RunArgs {
     /// Output column with each emitted row's event time (overrides the processor's).
     #[arg(long)]
     output_event_time: Option<String>,
+    /// Initial state (JSON Lines file or directory, grouped by the same key columns),
+    /// applied in the first batch of a new checkpoint only.
+    #[arg(long)]
+    initial_state: Option<PathBuf>,
     /// `available-now` (process what exists, then exit) or `interval=DURATION` (keep
     /// running, one batch per interval, including no-data batches; Ctrl-C stops cleanly).
     #[arg(long, default_value = "available-now", value_parser = parse_trigger)]
@@ -190,6 +208,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run(args),
         Command::Test(args) => scenario::run(args),
+        Command::Check(args) => check(args),
         Command::Bench(cmd) => bench::run(cmd),
     };
     match result {
@@ -199,6 +218,25 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn check(args: CheckArgs) -> anyhow::Result<()> {
+    let wasm = plugin::resolve(&args.processor)?;
+    let runtime = args.sandbox.runtime()?;
+    let processor = runtime
+        .load_file(&wasm)
+        .with_context(|| format!("cannot load processor {}", wasm.display()))?;
+    let check = statebox_engine::check_upgrade(&args.checkpoint, &processor)?;
+    print!("{check}");
+    if !check.is_compatible() {
+        anyhow::bail!(
+            "processor `{}` is incompatible with checkpoint {}; `statebox run` would refuse it",
+            processor.info().name,
+            args.checkpoint.display()
+        );
+    }
+    println!("compatible: `statebox run` would accept it");
+    Ok(())
 }
 
 fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -222,6 +260,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             watermark_delay_ms: args.watermark_delay.unwrap_or(0),
         }),
         output_event_time_column: args.output_event_time,
+        initial_state: args.initial_state,
     };
     let mut query = Query::open(opts, Arc::new(processor))?;
     let report = |r: &statebox_engine::BatchReport| {

@@ -149,6 +149,19 @@ fn run_steps(
             watermark_delay_ms: e.watermark_delay_ms,
         }),
         output_event_time_column: scenario.output_event_time_column.clone(),
+        initial_state: match &scenario.initial_state {
+            Some(rows) => {
+                let path = work.join("initial-state.jsonl");
+                let mut text = String::new();
+                for row in rows {
+                    text.push_str(&serde_json::to_string(row)?);
+                    text.push('\n');
+                }
+                std::fs::write(&path, text)?;
+                Some(path)
+            }
+            None => None,
+        },
     };
     let open = |processor: &str| -> anyhow::Result<Query> {
         let wasm = crate::plugin::resolve(&locate(processor, base))?;

@@ -105,6 +105,9 @@ pub struct QueryConfig {
     /// How far the watermark trails the largest event time seen, in milliseconds.
     #[serde(default)]
     pub watermark_delay_ms: i64,
+    /// The output schema (DDL) of the processor that created the checkpoint.
+    #[serde(default)]
+    pub output_schema: Option<String>,
 }
 
 /// The offset log entry: what batch `batch_id` reads and at which times. Written durably
@@ -120,6 +123,9 @@ pub struct BatchPlan {
     pub watermark_ms: i64,
     /// The input read by the batch.
     pub ranges: Vec<FileRange>,
+    /// The initial state applied before the input (first batch of a new checkpoint only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub initial_ranges: Vec<FileRange>,
 }
 
 /// The commit log entry, written atomically with the batch's state changes.

@@ -18,7 +18,8 @@ use crate::source::FileRange;
 /// Where an input row came from, to name it in errors.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Origin {
-    /// Index of the file range in the batch plan.
+    /// Index of the file among the batch's input ranges followed by its initial-state
+    /// ranges.
     pub file: u32,
     /// 1-based line number in the file.
     pub line: u64,
@@ -95,6 +96,7 @@ struct DecodedChunk<'a> {
 /// Decodes every text of a batch into `partitions` groups using `workers` threads.
 pub(crate) fn decode<'a>(
     texts: &[Text<'a>],
+    file_offset: u32,
     scanner: &RowScanner,
     key_columns: &[String],
     event_time: Option<EventTime<'_>>,
@@ -141,7 +143,7 @@ pub(crate) fn decode<'a>(
                 s.spawn(move || {
                     (lane..partitions)
                         .step_by(group_lanes)
-                        .map(|p| (p, group(all, p as u32)))
+                        .map(|p| (p, group(all, p as u32, file_offset)))
                         .collect::<Vec<_>>()
                 })
             })
@@ -252,7 +254,7 @@ fn decode_chunk<'a>(
 }
 
 /// Groups partition `p`'s rows by key, in input order.
-fn group<'a>(chunks: &[DecodedChunk<'a>], p: u32) -> PartitionInput<'a> {
+fn group<'a>(chunks: &[DecodedChunk<'a>], p: u32, file_offset: u32) -> PartitionInput<'a> {
     let mut index: FxHashMap<&str, usize> = FxHashMap::default();
     let mut groups: Vec<Group<'a>> = Vec::new();
     for chunk in chunks {
@@ -269,7 +271,7 @@ fn group<'a>(chunks: &[DecodedChunk<'a>], p: u32) -> PartitionInput<'a> {
             let g = &mut groups[i];
             g.rows.push(row.row);
             g.origins.push(Origin {
-                file: chunk.file,
+                file: file_offset + chunk.file,
                 line: row.line,
             });
         }
@@ -359,7 +361,7 @@ mod tests {
             file_name: "f".into(),
         }];
         let scanner = RowScanner::new(None, vec!["k".into()]);
-        let (parts, stats) = decode(&texts, &scanner, &["k".into()], None, 3, 4).unwrap();
+        let (parts, stats) = decode(&texts, 0, &scanner, &["k".into()], None, 3, 4).unwrap();
         assert_eq!(stats.rows, 20_000);
         let mut seen = 0;
         for p in &parts {
@@ -390,7 +392,7 @@ mod tests {
             column: "ts",
             watermark_ms: 10,
         };
-        let (parts, stats) = decode(&texts, &scanner, &["k".into()], Some(et), 1, 1).unwrap();
+        let (parts, stats) = decode(&texts, 0, &scanner, &["k".into()], Some(et), 1, 1).unwrap();
         assert_eq!(
             (stats.rows, stats.late_rows, stats.max_event_time_ms),
             (1, 2, Some(20))
@@ -408,7 +410,7 @@ mod tests {
             file_name: "in.jsonl".into(),
         }];
         let scanner = RowScanner::new(None, vec!["k".into()]);
-        match decode(&texts, &scanner, &["k".into()], None, 2, 2) {
+        match decode(&texts, 0, &scanner, &["k".into()], None, 2, 2) {
             Err(EngineError::Input { file, line, .. }) => {
                 assert_eq!((file.as_str(), line), ("in.jsonl", 12));
             }

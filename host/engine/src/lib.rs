@@ -18,6 +18,7 @@ mod partition;
 mod processor;
 mod sink;
 mod source;
+mod upgrade;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -34,6 +35,7 @@ use crate::input::{Origin, PartitionInput};
 pub use crate::processor::{PartitionProcessor, ProcessorFactory};
 use crate::sink::Sink;
 pub use crate::source::{FileRange, FileSource};
+pub use crate::upgrade::{UpgradeCheck, check_upgrade};
 
 /// Why a query could not run. Says whose fault it is: the user's settings or input, the
 /// tenant's processor, or the host.
@@ -89,6 +91,9 @@ pub struct QueryOptions {
     pub event_time: Option<EventTimeOptions>,
     /// The output column holding event time, overriding the processor's declaration.
     pub output_event_time_column: Option<String>,
+    /// Initial state (JSON Lines file or directory), applied in the first batch of a new
+    /// checkpoint only.
+    pub initial_state: Option<PathBuf>,
 }
 
 /// Where event time comes from and how far the watermark trails it.
@@ -174,6 +179,7 @@ impl Query {
                         .event_time
                         .as_ref()
                         .map_or(0, |e| e.watermark_delay_ms),
+                    output_schema: Some(factory.info().output_schema.to_ddl()),
                 };
                 check_time_settings(&config)?;
                 // A new checkpoint has committed no output, so opening the sink would
@@ -209,6 +215,19 @@ impl Query {
             })?,
             None => Catalog::default(),
         };
+        // Upgrade check: the processor's declarations, learned without running it on any
+        // data, must be compatible with every variable's schema history before any state
+        // is touched.
+        if catalog.vars().next().is_some() {
+            let check = upgrade::check_against(&config, &catalog, &*factory)?;
+            if !check.is_compatible() {
+                return Err(EngineError::Config(format!(
+                    "processor `{}` cannot run on checkpoint {}: its state is incompatible\n{check}",
+                    factory.info().name,
+                    opts.checkpoint.display()
+                )));
+            }
+        }
         let head: Option<CommitRecord> = match checkpoint.get_meta(meta::HEAD)? {
             Some(bytes) => Some(serde_json::from_slice(&bytes).map_err(|e| {
                 EngineError::Config(format!("checkpoint commit record is unreadable: {e}"))
@@ -221,6 +240,13 @@ impl Query {
                 EngineError::Config(format!("checkpoint source progress is unreadable: {e}"))
             })?;
             progress.insert(name[meta::SOURCE_PREFIX.len()..].to_owned(), p);
+        }
+        if let (Some(path), Some(h)) = (&opts.initial_state, &head) {
+            tracing::warn!(
+                "ignoring initial state {}: the checkpoint is past its first batch (last committed batch {})",
+                path.display(),
+                h.batch_id
+            );
         }
         let sink = Sink::open(&opts.output, head.as_ref().map_or(0, |h| h.output_bytes))?;
         let source = FileSource::new(&opts.input)?;
@@ -331,11 +357,16 @@ impl Query {
         };
         // The batch timestamp never goes backwards, even if the wall clock does.
         let floor = self.head.as_ref().map_or(i64::MIN, |h| h.timestamp_ms);
+        let initial_ranges = match (&self.opts.initial_state, batch_id) {
+            (Some(path), 0) => FileSource::new(path)?.next_ranges(&BTreeMap::new(), usize::MAX)?,
+            _ => Vec::new(),
+        };
         let plan = BatchPlan {
             batch_id,
             timestamp_ms: at_ms.unwrap_or_else(now_ms).max(floor),
             watermark_ms,
             ranges,
+            initial_ranges,
         };
         self.checkpoint.put_meta_sync(
             &meta::plan(batch_id),
@@ -400,6 +431,7 @@ impl Query {
         };
         let (inputs, stats) = input::decode(
             &texts,
+            0,
             &self.scanner,
             &self.config.key_columns,
             event_time,
@@ -407,6 +439,36 @@ impl Query {
             workers,
         )?;
         let input_rows = stats.rows;
+        let initial = self.read_initial_state(plan)?;
+        let initial_buffers = initial
+            .iter()
+            .map(|(_, text)| text.as_str())
+            .collect::<Vec<_>>();
+        let initial_texts: Vec<input::Text<'_>> = initial
+            .iter()
+            .zip(&initial_buffers)
+            .map(|((range, _), text)| input::Text {
+                text,
+                range,
+                file_name: range.file.clone(),
+            })
+            .collect();
+        let initial_scanner =
+            statebox_schema::RowScanner::new(None, self.config.key_columns.clone());
+        let (initial_inputs, _) = input::decode(
+            &initial_texts,
+            texts.len() as u32,
+            &initial_scanner,
+            &self.config.key_columns,
+            None,
+            self.instances.len(),
+            workers,
+        )?;
+        let file_names: Vec<String> = texts
+            .iter()
+            .map(|t| t.file_name.clone())
+            .chain(initial_texts.iter().map(|t| t.file_name.clone()))
+            .collect();
         let keys = inputs.iter().map(|p| p.groups.len() as u64).sum();
         let read_ms = started.elapsed().as_millis() as u64;
         let times = BatchTimes {
@@ -414,7 +476,7 @@ impl Query {
             batch_timestamp_ms: plan.timestamp_ms,
             watermark_ms: plan.watermark_ms,
         };
-        let results = self.execute(inputs, times, plan)?;
+        let results = self.execute(inputs, initial_inputs, times, &file_names)?;
         let process_ms = started.elapsed().as_millis() as u64 - read_ms;
 
         let mut txns = Vec::with_capacity(results.len());
@@ -498,6 +560,33 @@ impl Query {
         Ok(BatchReport { commit })
     }
 
+    /// Reads the plan's initial-state ranges (batch 0 of a new checkpoint only).
+    fn read_initial_state(
+        &self,
+        plan: &BatchPlan,
+    ) -> Result<Vec<(FileRange, String)>, EngineError> {
+        if plan.initial_ranges.is_empty() {
+            return Ok(Vec::new());
+        }
+        let Some(path) = &self.opts.initial_state else {
+            return Err(EngineError::Config(format!(
+                "batch {} was planned with initial state but this run has no --initial-state; \
+                 pass the same --initial-state again to finish it",
+                plan.batch_id
+            )));
+        };
+        let source = FileSource::new(path)?;
+        plan.initial_ranges
+            .iter()
+            .map(|range| {
+                let text = source.read(range)?;
+                let mut range = range.clone();
+                range.file = source.path_of(&range.file).display().to_string();
+                Ok((range, text))
+            })
+            .collect()
+    }
+
     /// Calls the processor for every key of every partition, partitions in parallel.
     fn workers(&self) -> usize {
         self.opts
@@ -509,16 +598,19 @@ impl Query {
     fn execute(
         &mut self,
         inputs: Vec<PartitionInput<'_>>,
+        initial: Vec<PartitionInput<'_>>,
         times: BatchTimes,
-        plan: &BatchPlan,
+        file_names: &[String],
     ) -> Result<Vec<partition::PartitionResult>, EngineError> {
         let workers = self.workers().min(self.instances.len());
         let mut lanes: Vec<Vec<partition::Job<'_>>> = (0..workers).map(|_| Vec::new()).collect();
-        for (p, (instance, input)) in self.instances.iter_mut().zip(inputs).enumerate() {
+        let jobs = self.instances.iter_mut().zip(inputs).zip(initial);
+        for (p, ((instance, input), initial)) in jobs.enumerate() {
             lanes[p % workers].push(partition::Job {
                 partition: p as u16,
                 instance: instance.take(),
                 input,
+                initial,
             });
         }
         let ctx = partition::Context {
@@ -559,11 +651,7 @@ impl Query {
         if let Some((_, e, origin)) = first_error {
             return Err(match (&e.kind, origin) {
                 (CallErrorKind::BadInputRow { message, .. }, Some(origin)) => EngineError::Input {
-                    file: self
-                        .source
-                        .path_of(&plan.ranges[origin.file as usize].file)
-                        .display()
-                        .to_string(),
+                    file: file_names[origin.file as usize].clone(),
                     line: origin.line,
                     message: format!("processor `{}` rejected the row: {message}", e.processor),
                 },

@@ -22,6 +22,8 @@ pub(crate) struct Job<'a> {
     pub partition: u16,
     pub instance: Option<Box<dyn PartitionProcessor>>,
     pub input: PartitionInput<'a>,
+    /// Initial-state rows, applied before the input (first batch of a new query only).
+    pub initial: PartitionInput<'a>,
 }
 
 /// A partition's successful batch.
@@ -63,6 +65,7 @@ impl Context<'_> {
             partition,
             instance,
             input,
+            initial,
         } = job;
         let mut instance = match instance {
             Some(i) => i,
@@ -82,7 +85,8 @@ impl Context<'_> {
         instance.begin_batch(self.checkpoint.txn(partition), self.times);
         let mut counts = Counts::default();
         let outcome = self
-            .inputs(&mut *instance, &input, &mut counts.rows)
+            .initial_state(&mut *instance, &initial)
+            .and_then(|()| self.inputs(&mut *instance, &input, &mut counts.rows))
             .and_then(|()| self.timers(&mut *instance, &mut counts))
             .and_then(|()| self.ttl(&mut *instance, &mut counts));
         let txn = instance.end_batch();
@@ -100,6 +104,22 @@ impl Context<'_> {
             ttl_removed: counts.ttl_removed,
         });
         (partition, Some(instance), outcome)
+    }
+
+    /// One `handle-initial-state` call per initial-state row, in file order per key.
+    fn initial_state(
+        &self,
+        instance: &mut dyn PartitionProcessor,
+        initial: &PartitionInput<'_>,
+    ) -> Result<(), (CallError, Option<Origin>)> {
+        for group in &initial.groups {
+            for (row, origin) in group.rows.iter().zip(&group.origins) {
+                instance
+                    .handle_initial_state(&group.key, row)
+                    .map_err(|e| (e, Some(*origin)))?;
+            }
+        }
+        Ok(())
     }
 
     fn inputs(

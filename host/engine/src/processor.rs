@@ -2,7 +2,10 @@
 //! called key by key. The WebAssembly runtime is the real implementation; the benchmark
 //! also plugs in native Rust logic to measure the sandbox's cost.
 
-use statebox_runtime::{BatchTimes, CallError, Instance, InstanceConfig, Processor, ProcessorInfo};
+use statebox_runtime::catalog::InitOp;
+use statebox_runtime::{
+    BatchTimes, CallError, Instance, InstanceConfig, Processor, ProcessorInfo, TimeMode,
+};
 use statebox_state::PartitionTxn;
 
 /// A processor instance serving one partition.
@@ -28,6 +31,8 @@ pub trait PartitionProcessor: Send {
 pub trait ProcessorFactory: Send + Sync {
     /// What the processor declared about itself.
     fn info(&self) -> &ProcessorInfo;
+    /// What `init` declares, learned without touching any state (describe mode).
+    fn declarations(&self, time_mode: TimeMode) -> Result<Vec<InitOp>, CallError>;
     /// Creates an instance for one partition and runs its `init`.
     fn instantiate(&self, config: InstanceConfig)
     -> Result<Box<dyn PartitionProcessor>, CallError>;
@@ -36,6 +41,10 @@ pub trait ProcessorFactory: Send + Sync {
 impl ProcessorFactory for Processor {
     fn info(&self) -> &ProcessorInfo {
         Processor::info(self)
+    }
+
+    fn declarations(&self, time_mode: TimeMode) -> Result<Vec<InitOp>, CallError> {
+        Processor::declarations(self, time_mode)
     }
 
     fn instantiate(

@@ -274,3 +274,231 @@ fn resolve(def: &VarDef) -> Result<Arc<VarHandle>, DeclareError> {
         ttl_ms: def.ttl_ms,
     }))
 }
+
+/// One thing a processor's `init` did, recorded in describe mode.
+#[derive(Clone, Debug, PartialEq)]
+pub enum InitOp {
+    /// A state variable declaration.
+    Declare(Declaration),
+    /// `delete-if-exists(name)`.
+    Delete(String),
+}
+
+/// A state variable as a processor declares it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Declaration {
+    /// Variable name.
+    pub name: String,
+    /// Value, list or map.
+    pub kind: VarKind,
+    /// The map's user key schema (DDL).
+    pub key_schema: Option<String>,
+    /// The value schema (DDL).
+    pub value_schema: String,
+    /// Time to live, if any.
+    pub ttl_ms: Option<u64>,
+}
+
+/// What an upgrade would do to one variable.
+#[derive(Clone, Debug, PartialEq)]
+pub enum VarStatus {
+    /// Declared exactly as before.
+    Unchanged,
+    /// Declared with a compatible new value schema; old values are converted when read.
+    Evolved {
+        /// The current schema in the checkpoint.
+        from: String,
+        /// The schema the new processor declares.
+        to: String,
+    },
+    /// New variable.
+    Added,
+    /// Dropped by `delete-if-exists` in the new processor's `init`.
+    Deleted,
+    /// No longer declared; its data stays until a processor deletes it.
+    Dropped,
+    /// Refused, with the reason (naming the variable and both schemas).
+    Incompatible(String),
+}
+
+/// Per-variable verdicts of upgrading a checkpoint's state to a new processor.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct UpgradeReport {
+    /// Variables by name, in declaration order, then dropped ones.
+    pub vars: Vec<(String, VarStatus)>,
+}
+
+impl UpgradeReport {
+    /// Whether the upgrade can proceed.
+    pub fn is_compatible(&self) -> bool {
+        !self
+            .vars
+            .iter()
+            .any(|(_, s)| matches!(s, VarStatus::Incompatible(_)))
+    }
+}
+
+impl std::fmt::Display for UpgradeReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (name, status) in &self.vars {
+            match status {
+                VarStatus::Unchanged => writeln!(f, "  {name}: compatible (unchanged)")?,
+                VarStatus::Evolved { from, to } => writeln!(
+                    f,
+                    "  {name}: compatible (schema evolves from `{from}` to `{to}`)"
+                )?,
+                VarStatus::Added => writeln!(f, "  {name}: added")?,
+                VarStatus::Deleted => writeln!(f, "  {name}: deleted by delete-if-exists")?,
+                VarStatus::Dropped => writeln!(
+                    f,
+                    "  {name}: dropped (no longer declared; its data is kept until delete-if-exists)"
+                )?,
+                VarStatus::Incompatible(why) => writeln!(f, "  {name}: incompatible: {why}")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Catalog {
+    /// Judges what a new processor's `init` (recorded in describe mode) would do to this
+    /// catalog, without changing it.
+    pub fn check(&self, ops: &[InitOp]) -> UpgradeReport {
+        let mut trial = Catalog {
+            vars: self.vars.clone(),
+            next_id: self.next_id,
+            ..Catalog::default()
+        };
+        let mut report = UpgradeReport::default();
+        let mut seen = BTreeSet::new();
+        for op in ops {
+            match op {
+                InitOp::Delete(name) => {
+                    if trial.get(name).is_some() {
+                        report.vars.push((name.clone(), VarStatus::Deleted));
+                    }
+                    trial.delete_if_exists(name);
+                    seen.insert(name.clone());
+                }
+                InitOp::Declare(d) => {
+                    let before = trial.get(&d.name).map(|v| v.value_schemas.clone());
+                    let status = match trial.declare(
+                        &d.name,
+                        d.kind,
+                        d.key_schema.as_deref(),
+                        &d.value_schema,
+                        d.ttl_ms,
+                    ) {
+                        Err(e) => VarStatus::Incompatible(e.to_string()),
+                        Ok(_) => {
+                            let after = trial
+                                .get(&d.name)
+                                .map(|v| v.value_schemas.clone())
+                                .unwrap_or_default();
+                            match before {
+                                None => VarStatus::Added,
+                                Some(b) if b == after => VarStatus::Unchanged,
+                                Some(b) => VarStatus::Evolved {
+                                    from: b.last().cloned().unwrap_or_default(),
+                                    to: after.last().cloned().unwrap_or_default(),
+                                },
+                            }
+                        }
+                    };
+                    report.vars.push((d.name.clone(), status));
+                    seen.insert(d.name.clone());
+                }
+            }
+        }
+        for name in self.vars.keys().filter(|n| !seen.contains(*n)) {
+            report.vars.push((name.clone(), VarStatus::Dropped));
+        }
+        report
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn declare(name: &str, kind: VarKind, value: &str) -> InitOp {
+        InitOp::Declare(Declaration {
+            name: name.into(),
+            kind,
+            key_schema: (kind == VarKind::Map).then(|| "string".into()),
+            value_schema: value.into(),
+            ttl_ms: None,
+        })
+    }
+
+    fn catalog(ops: &[InitOp]) -> Catalog {
+        let mut c = Catalog::default();
+        for op in ops {
+            match op {
+                InitOp::Declare(d) => {
+                    c.declare(
+                        &d.name,
+                        d.kind,
+                        d.key_schema.as_deref(),
+                        &d.value_schema,
+                        d.ttl_ms,
+                    )
+                    .unwrap();
+                }
+                InitOp::Delete(n) => c.delete_if_exists(n),
+            }
+        }
+        c
+    }
+
+    #[test]
+    fn check_reports_every_kind_of_change() {
+        let v1 = catalog(&[
+            declare("profile", VarKind::Value, "name string, visits int"),
+            declare("old", VarKind::List, "long"),
+            declare("gone", VarKind::Value, "long"),
+            declare("kind", VarKind::Value, "long"),
+        ]);
+        let report = v1.check(&[
+            declare(
+                "profile",
+                VarKind::Value,
+                "name string, visits long, email string",
+            ),
+            declare("history", VarKind::Map, "long"),
+            InitOp::Delete("gone".into()),
+            declare("kind", VarKind::List, "long"),
+        ]);
+        let status = |n: &str| {
+            report
+                .vars
+                .iter()
+                .find(|(m, _)| m == n)
+                .map(|(_, s)| s.clone())
+        };
+        assert!(matches!(status("profile"), Some(VarStatus::Evolved { .. })));
+        assert_eq!(status("history"), Some(VarStatus::Added));
+        assert_eq!(status("gone"), Some(VarStatus::Deleted));
+        assert_eq!(status("old"), Some(VarStatus::Dropped));
+        match status("kind") {
+            Some(VarStatus::Incompatible(why)) => assert!(why.contains("value state"), "{why}"),
+            other => panic!("expected incompatible, got {other:?}"),
+        }
+        assert!(!report.is_compatible());
+    }
+
+    #[test]
+    fn an_incompatibility_with_any_earlier_schema_is_refused() {
+        let mut c = catalog(&[declare("p", VarKind::Value, "name string, visits int")]);
+        c.declare("p", VarKind::Value, None, "visits long", None)
+            .unwrap();
+        let report = c.check(&[declare("p", VarKind::Value, "visits long, name long")]);
+        match &report.vars[0].1 {
+            VarStatus::Incompatible(why) => {
+                assert!(why.contains("name string, visits int"), "{why}");
+                assert!(why.contains("visits long, name long"), "{why}");
+            }
+            other => panic!("expected incompatible, got {other:?}"),
+        }
+    }
+}

@@ -10,7 +10,7 @@ use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use crate::bindings::statebox::processor::{handle, log, state, types};
-use crate::catalog::{DeclareError, VarHandle, VarKind};
+use crate::catalog::{Catalog, Declaration, DeclareError, InitOp, VarHandle, VarKind};
 use crate::sandbox::{Limits, VirtualClock, VirtualRandom};
 use crate::{BatchTimes, InstanceConfig, TimeMode};
 use types::{ErrorKind, StateError};
@@ -109,6 +109,8 @@ pub struct HostState {
     generation: u64,
     /// A storage failure seen by an import; the import traps and the caller reports this.
     internal_error: Option<StoreError>,
+    /// In describe mode, `init` touches no catalog: its declarations are recorded here.
+    describe: Option<Vec<InitOp>>,
 }
 
 impl WasiView for HostState {
@@ -162,7 +164,18 @@ impl HostState {
             times: None,
             generation: 0,
             internal_error: None,
+            describe: None,
         }
+    }
+
+    /// Switches to describe mode: declarations are recorded instead of applied.
+    pub(crate) fn start_describing(&mut self) {
+        self.describe = Some(Vec::new());
+    }
+
+    /// The declarations recorded in describe mode.
+    pub(crate) fn take_described(&mut self) -> Vec<InitOp> {
+        self.describe.take().unwrap_or_default()
     }
 
     pub(crate) fn call_timeout(&self) -> std::time::Duration {
@@ -391,6 +404,19 @@ impl HostState {
                 format!("state variable `{name}`: TTL must be positive"),
             ));
         }
+        if let Some(ops) = &mut self.describe {
+            ops.push(InitOp::Declare(Declaration {
+                name: name.to_owned(),
+                kind,
+                key_schema: key_ddl.map(str::to_owned),
+                value_schema: value_ddl.to_owned(),
+                ttl_ms,
+            }));
+            // A scratch catalog checks the schemas parse and gives the guest a handle.
+            return Catalog::default()
+                .declare(name, kind, key_ddl, value_ddl, ttl_ms)
+                .map_err(|e| err(ErrorKind::InvalidSchema, e.to_string()));
+        }
         let mut catalog = self.config.catalog.lock().expect("catalog lock poisoned");
         catalog
             .declare(name, kind, key_ddl, value_ddl, ttl_ms)
@@ -558,11 +584,15 @@ impl handle::Host for HostState {
                 format!("delete-if-exists(\"{name}\") is allowed only in init"),
             )));
         }
-        self.config
-            .catalog
-            .lock()
-            .expect("catalog lock poisoned")
-            .delete_if_exists(&name);
+        match &mut self.describe {
+            Some(ops) => ops.push(InitOp::Delete(name)),
+            None => self
+                .config
+                .catalog
+                .lock()
+                .expect("catalog lock poisoned")
+                .delete_if_exists(&name),
+        }
         Ok(Ok(()))
     }
 

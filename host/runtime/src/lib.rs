@@ -356,6 +356,42 @@ impl Processor {
         Ok((store, bindings))
     }
 
+    /// Runs `init` in describe mode and returns what it declared and deleted, in order,
+    /// without touching any checkpoint: how the host learns a processor's state variables
+    /// before it sees data (to check an upgrade against a checkpoint's catalog).
+    pub fn declarations(&self, time_mode: TimeMode) -> Result<Vec<catalog::InitOp>, CallError> {
+        let config = InstanceConfig {
+            time_mode,
+            catalog: Arc::new(Mutex::new(Catalog::default())),
+            partition: 0,
+            output_event_time_column: None,
+        };
+        let err = |kind| CallError {
+            processor: self.info.name.clone(),
+            function: Function::Init,
+            key: None,
+            kind,
+        };
+        let (mut store, bindings) = self
+            .new_store(&config)
+            .map_err(|e| err(CallErrorKind::Trap(format!("instantiation failed: {e:#}"))))?;
+        store.data_mut().start_describing();
+        store.data_mut().begin_init();
+        let mut instance = Instance {
+            store,
+            bindings,
+            info: self.info.clone(),
+            poisoned: false,
+            event_time_column: None,
+        };
+        let result = instance.call(Function::Init, None, |b, s| {
+            b.statebox_processor_processor().call_init(s, time_mode)
+        });
+        instance.store.data_mut().end_call();
+        result?;
+        Ok(instance.store.data_mut().take_described())
+    }
+
     /// Instantiates the processor for one partition and runs its `init`.
     pub fn instantiate(&self, config: InstanceConfig) -> Result<Instance, CallError> {
         let err = |kind| CallError {

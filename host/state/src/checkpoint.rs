@@ -53,6 +53,22 @@ impl Checkpoint {
         Ok(Self::with_engine(Arc::new(engine)))
     }
 
+    /// Opens an existing checkpoint in `dir` for reading only, without taking its lock: it
+    /// can be read while a pipeline runs on it, and shows the state committed at opening.
+    /// Writes through it fail.
+    pub fn open_read_only(dir: &Path) -> Result<Self> {
+        let db_dir = dir.join(DB_DIR);
+        if !db_dir.join("CURRENT").exists() {
+            return Err(StoreError::Storage(format!(
+                "{} is not a Statebox checkpoint (no state database in {})",
+                dir.display(),
+                db_dir.display()
+            )));
+        }
+        let engine = RocksEngine::open_read_only(&db_dir)?;
+        Ok(Self::with_engine(Arc::new(engine)))
+    }
+
     /// The backend, for tests that need to plant bytes or observe reads.
     #[cfg(test)]
     pub(crate) fn engine(&self) -> &Arc<dyn KvEngine> {

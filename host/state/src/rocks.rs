@@ -31,6 +31,16 @@ pub(crate) struct RocksEngine {
 impl RocksEngine {
     /// Opens (creating if missing) the database in `path`.
     pub(crate) fn open(path: &Path) -> Result<Self> {
+        Self::open_mode(path, false)
+    }
+
+    /// Opens the database in `path` for reading only. It takes no lock, so it works while a
+    /// writer has the database open, and sees the state committed when it was opened.
+    pub(crate) fn open_read_only(path: &Path) -> Result<Self> {
+        Self::open_mode(path, true)
+    }
+
+    fn open_mode(path: &Path, read_only: bool) -> Result<Self> {
         let cache = Cache::new_lru_cache(BLOCK_CACHE_BYTES).map_err(storage)?;
         let mut table = BlockBasedOptions::default();
         table.set_block_cache(&cache);
@@ -55,7 +65,12 @@ impl RocksEngine {
         opts.set_bytes_per_sync(1 << 20);
         opts.set_keep_log_file_num(4);
 
-        let db = DB::open(&opts, path).map_err(|e| open_error(path, e))?;
+        let db = if read_only {
+            DB::open_for_read_only(&opts, path, false)
+        } else {
+            DB::open(&opts, path)
+        }
+        .map_err(|e| open_error(path, e))?;
         let mut write_opts = WriteOptions::default();
         write_opts.set_sync(true);
         Ok(Self {

@@ -1,0 +1,87 @@
+//! Checking a new processor against an existing checkpoint before it touches state
+//! (SPEC §7): its declarations, learned in describe mode, against every variable's schema
+//! history, plus the output schema.
+
+use std::fmt;
+use std::path::Path;
+
+use statebox_runtime::catalog::{Catalog, UpgradeReport};
+use statebox_state::Checkpoint;
+
+use crate::config::meta;
+use crate::{EngineError, ProcessorFactory, QueryConfig};
+
+/// The verdict on running a processor over a checkpoint.
+#[derive(Clone, Debug)]
+pub struct UpgradeCheck {
+    /// Per-variable verdicts.
+    pub report: UpgradeReport,
+    /// The output schema in the checkpoint and the processor's, when they differ.
+    pub output_schema_change: Option<(String, String)>,
+}
+
+impl UpgradeCheck {
+    /// Whether `statebox run` would accept the processor.
+    pub fn is_compatible(&self) -> bool {
+        self.report.is_compatible()
+    }
+}
+
+impl fmt::Display for UpgradeCheck {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "state variables:")?;
+        if self.report.vars.is_empty() {
+            writeln!(f, "  (none)")?;
+        }
+        write!(f, "{}", self.report)?;
+        match &self.output_schema_change {
+            None => writeln!(f, "output schema: unchanged"),
+            Some((old, new)) => writeln!(f, "output schema: changed from `{old}` to `{new}`"),
+        }
+    }
+}
+
+/// Checks `factory`'s processor against the checkpoint in `dir`, read-only (works while a
+/// pipeline runs on it).
+pub fn check_upgrade(
+    dir: &Path,
+    factory: &dyn ProcessorFactory,
+) -> Result<UpgradeCheck, EngineError> {
+    let checkpoint = Checkpoint::open_read_only(dir)?;
+    let config: QueryConfig = match checkpoint.get_meta(meta::QUERY)? {
+        Some(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
+            EngineError::Config(format!("checkpoint query record is unreadable: {e}"))
+        })?,
+        None => {
+            return Err(EngineError::Config(format!(
+                "{} has no query record: it is not a Statebox checkpoint",
+                dir.display()
+            )));
+        }
+    };
+    let catalog = match checkpoint.get_meta(meta::CATALOG)? {
+        Some(bytes) => Catalog::from_json(&bytes)
+            .map_err(|e| EngineError::Config(format!("checkpoint catalog is unreadable: {e}")))?,
+        None => Catalog::default(),
+    };
+    check_against(&config, &catalog, factory)
+}
+
+/// Checks a processor against a loaded query record and catalog.
+pub(crate) fn check_against(
+    config: &QueryConfig,
+    catalog: &Catalog,
+    factory: &dyn ProcessorFactory,
+) -> Result<UpgradeCheck, EngineError> {
+    let ops = factory.declarations(config.time_mode.into())?;
+    let new_output = factory.info().output_schema.to_ddl();
+    let output_schema_change = config
+        .output_schema
+        .as_ref()
+        .filter(|old| **old != new_output)
+        .map(|old| (old.clone(), new_output));
+    Ok(UpgradeCheck {
+        report: catalog.check(&ops),
+        output_schema_change,
+    })
+}
