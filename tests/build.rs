@@ -19,6 +19,11 @@ const GUESTS: &[&str] = &[
     "sessionizer",
     "dedup-ttl",
     "timer-ops",
+    "user-profile-v1",
+    "user-profile-v2",
+    "user-profile-v3",
+    "profile-kind-change",
+    "profile-ttl-added",
 ];
 
 fn main() {

@@ -12,3 +12,4 @@ mod restart;
 mod sandbox;
 mod scenarios;
 mod state_ops;
+mod upgrade;

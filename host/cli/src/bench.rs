@@ -10,7 +10,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::json;
 use statebox_engine::{PartitionProcessor, ProcessorFactory, Query, QueryOptions};
-use statebox_runtime::catalog::{Catalog, Declaration, InitOp, VarHandle, VarKind};
+use statebox_runtime::catalog::{Catalog, Declaration, Described, InitOp, VarHandle, VarKind};
 use statebox_runtime::{
     BatchTimes, CallError, CallErrorKind, Function, InstanceConfig, ProcessorInfo, TimeMode,
 };
@@ -317,21 +317,35 @@ impl ProcessorFactory for NativeCounter {
         &self.info
     }
 
-    fn declarations(&self, _time_mode: TimeMode) -> Result<Vec<InitOp>, CallError> {
-        let declare = |name: &str, kind, key: Option<&str>, value: &str| {
-            InitOp::Declare(Declaration {
+    fn describe_init(
+        &self,
+        _time_mode: TimeMode,
+        catalog: &Catalog,
+    ) -> Result<Described, CallError> {
+        let mut trial = catalog.trial();
+        let mut described = Described::default();
+        for (name, kind, key, value) in [
+            ("count", VarKind::Value, None, "long"),
+            ("batchCounts", VarKind::List, None, "long"),
+            ("stats", VarKind::Map, Some("name string"), "count long"),
+        ] {
+            let outcome = trial
+                .declare(name, kind, key, value, None)
+                .map(|_| ())
+                .map_err(|e| e.to_string());
+            if let Err(e) = &outcome {
+                described.init_error.get_or_insert_with(|| e.clone());
+            }
+            let op = InitOp::Declare(Declaration {
                 name: name.into(),
                 kind,
                 key_schema: key.map(str::to_owned),
                 value_schema: value.into(),
                 ttl_ms: None,
-            })
-        };
-        Ok(vec![
-            declare("count", VarKind::Value, None, "long"),
-            declare("batchCounts", VarKind::List, None, "long"),
-            declare("stats", VarKind::Map, Some("name string"), "count long"),
-        ])
+            });
+            described.ops.push((op, outcome));
+        }
+        Ok(described)
     }
 
     fn instantiate(

@@ -85,12 +85,6 @@ pub(crate) fn run(args: TestArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot read scenario {}", args.scenario.display()))?;
     let scenario: Scenario = serde_json::from_str(&text)
         .with_context(|| format!("invalid scenario {}", args.scenario.display()))?;
-    if scenario.initial_state.is_some() {
-        bail!(
-            "{}: `initial_state` needs statebox run --initial-state support, which this version does not have",
-            args.scenario.display()
-        );
-    }
     let base = args.scenario.parent().unwrap_or(Path::new(".")).to_owned();
     let runtime = args.sandbox.runtime()?;
     let work = tempdir()?;

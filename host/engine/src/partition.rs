@@ -167,6 +167,11 @@ impl Context<'_> {
             for (ts, key) in due {
                 let key = String::from_utf8(key)
                     .map_err(|_| internal(StoreError::Corrupt("timer key is not UTF-8".into())))?;
+                // An earlier handler of this round may have deleted this timer; a deleted
+                // timer never fires, whichever page of due timers it was fetched in.
+                if !store(instance, |txn| txn.timer_list(key.as_bytes()))?.contains(&ts) {
+                    continue;
+                }
                 let out = instance
                     .handle_expired_timer(&key, ts)
                     .map_err(|e| (e, None))?;

@@ -2,7 +2,7 @@
 //! called key by key. The WebAssembly runtime is the real implementation; the benchmark
 //! also plugs in native Rust logic to measure the sandbox's cost.
 
-use statebox_runtime::catalog::InitOp;
+use statebox_runtime::catalog::{Catalog, Described};
 use statebox_runtime::{
     BatchTimes, CallError, Instance, InstanceConfig, Processor, ProcessorInfo, TimeMode,
 };
@@ -31,8 +31,10 @@ pub trait PartitionProcessor: Send {
 pub trait ProcessorFactory: Send + Sync {
     /// What the processor declared about itself.
     fn info(&self) -> &ProcessorInfo;
-    /// What `init` declares, learned without touching any state (describe mode).
-    fn declarations(&self, time_mode: TimeMode) -> Result<Vec<InitOp>, CallError>;
+    /// Runs `init` in describe mode against a trial copy of `catalog`: what it declares and
+    /// whether it succeeds, without touching any state.
+    fn describe_init(&self, time_mode: TimeMode, catalog: &Catalog)
+    -> Result<Described, CallError>;
     /// Creates an instance for one partition and runs its `init`.
     fn instantiate(&self, config: InstanceConfig)
     -> Result<Box<dyn PartitionProcessor>, CallError>;
@@ -43,8 +45,12 @@ impl ProcessorFactory for Processor {
         Processor::info(self)
     }
 
-    fn declarations(&self, time_mode: TimeMode) -> Result<Vec<InitOp>, CallError> {
-        Processor::declarations(self, time_mode)
+    fn describe_init(
+        &self,
+        time_mode: TimeMode,
+        catalog: &Catalog,
+    ) -> Result<Described, CallError> {
+        Processor::describe_init(self, time_mode, catalog)
     }
 
     fn instantiate(

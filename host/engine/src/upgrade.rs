@@ -73,7 +73,7 @@ pub(crate) fn check_against(
     catalog: &Catalog,
     factory: &dyn ProcessorFactory,
 ) -> Result<UpgradeCheck, EngineError> {
-    let ops = factory.declarations(config.time_mode.into())?;
+    let described = factory.describe_init(config.time_mode.into(), catalog)?;
     let new_output = factory.info().output_schema.to_ddl();
     let output_schema_change = config
         .output_schema
@@ -81,7 +81,7 @@ pub(crate) fn check_against(
         .filter(|old| **old != new_output)
         .map(|old| (old.clone(), new_output));
     Ok(UpgradeCheck {
-        report: catalog.check(&ops),
+        report: catalog.check(&described),
         output_schema_change,
     })
 }

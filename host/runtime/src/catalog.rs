@@ -321,20 +321,30 @@ pub enum VarStatus {
     Incompatible(String),
 }
 
+/// What a processor's `init` did in describe mode, run against a trial copy of a catalog:
+/// every operation with the outcome the processor saw, and how `init` ended.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Described {
+    /// Declarations and deletions in call order, each with its outcome.
+    pub ops: Vec<(InitOp, Result<(), String>)>,
+    /// Why `init` failed, if it did.
+    pub init_error: Option<String>,
+}
+
 /// Per-variable verdicts of upgrading a checkpoint's state to a new processor.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct UpgradeReport {
     /// Variables by name, in declaration order, then dropped ones.
     pub vars: Vec<(String, VarStatus)>,
+    /// Why the new processor's `init` failed on this checkpoint, if it did.
+    pub init_error: Option<String>,
 }
 
 impl UpgradeReport {
-    /// Whether the upgrade can proceed.
+    /// Whether the upgrade can proceed: the new processor's `init` succeeds against the
+    /// checkpoint's catalog. (A processor may handle a refused declaration itself.)
     pub fn is_compatible(&self) -> bool {
-        !self
-            .vars
-            .iter()
-            .any(|(_, s)| matches!(s, VarStatus::Incompatible(_)))
+        self.init_error.is_none()
     }
 }
 
@@ -356,57 +366,59 @@ impl std::fmt::Display for UpgradeReport {
                 VarStatus::Incompatible(why) => writeln!(f, "  {name}: incompatible: {why}")?,
             }
         }
+        if let Some(e) = &self.init_error {
+            writeln!(f, "  init fails on this checkpoint: {e}")?;
+        }
         Ok(())
     }
 }
 
 impl Catalog {
-    /// Judges what a new processor's `init` (recorded in describe mode) would do to this
-    /// catalog, without changing it.
-    pub fn check(&self, ops: &[InitOp]) -> UpgradeReport {
-        let mut trial = Catalog {
+    /// A copy of the variables to run a new processor's `init` against in describe mode,
+    /// so that it meets exactly the refusals a real run would, without changing anything.
+    pub fn trial(&self) -> Catalog {
+        Catalog {
             vars: self.vars.clone(),
             next_id: self.next_id,
             ..Catalog::default()
+        }
+    }
+
+    /// Judges what a new processor's `init`, run in describe mode against
+    /// [`Catalog::trial`], would do to this catalog.
+    pub fn check(&self, described: &Described) -> UpgradeReport {
+        let mut report = UpgradeReport {
+            vars: Vec::new(),
+            init_error: described.init_error.clone(),
         };
-        let mut report = UpgradeReport::default();
         let mut seen = BTreeSet::new();
-        for op in ops {
-            match op {
-                InitOp::Delete(name) => {
-                    if trial.get(name).is_some() {
+        for (op, outcome) in &described.ops {
+            match (op, outcome) {
+                (InitOp::Delete(name), _) => {
+                    if self.get(name).is_some() && seen.insert(name.clone()) {
                         report.vars.push((name.clone(), VarStatus::Deleted));
                     }
-                    trial.delete_if_exists(name);
-                    seen.insert(name.clone());
                 }
-                InitOp::Declare(d) => {
-                    let before = trial.get(&d.name).map(|v| v.value_schemas.clone());
-                    let status = match trial.declare(
-                        &d.name,
-                        d.kind,
-                        d.key_schema.as_deref(),
-                        &d.value_schema,
-                        d.ttl_ms,
-                    ) {
-                        Err(e) => VarStatus::Incompatible(e.to_string()),
-                        Ok(_) => {
-                            let after = trial
-                                .get(&d.name)
-                                .map(|v| v.value_schemas.clone())
-                                .unwrap_or_default();
-                            match before {
-                                None => VarStatus::Added,
-                                Some(b) if b == after => VarStatus::Unchanged,
-                                Some(b) => VarStatus::Evolved {
-                                    from: b.last().cloned().unwrap_or_default(),
-                                    to: after.last().cloned().unwrap_or_default(),
-                                },
-                            }
-                        }
+                (InitOp::Declare(d), Err(why)) => {
+                    seen.insert(d.name.clone());
+                    report
+                        .vars
+                        .push((d.name.clone(), VarStatus::Incompatible(why.clone())));
+                }
+                (InitOp::Declare(d), Ok(())) => {
+                    seen.insert(d.name.clone());
+                    let new = Schema::parse_ddl(&d.value_schema)
+                        .map(|s| s.to_ddl())
+                        .unwrap_or_else(|_| d.value_schema.clone());
+                    let status = match self.get(&d.name).and_then(|v| v.value_schemas.last()) {
+                        None => VarStatus::Added,
+                        Some(old) if *old == new => VarStatus::Unchanged,
+                        Some(old) => VarStatus::Evolved {
+                            from: old.clone(),
+                            to: new,
+                        },
                     };
                     report.vars.push((d.name.clone(), status));
-                    seen.insert(d.name.clone());
                 }
             }
         }
@@ -421,32 +433,59 @@ impl Catalog {
 mod tests {
     use super::*;
 
-    fn declare(name: &str, kind: VarKind, value: &str) -> InitOp {
-        InitOp::Declare(Declaration {
+    fn declaration(name: &str, kind: VarKind, value: &str) -> Declaration {
+        Declaration {
             name: name.into(),
             kind,
             key_schema: (kind == VarKind::Map).then(|| "string".into()),
             value_schema: value.into(),
             ttl_ms: None,
-        })
+        }
     }
 
-    fn catalog(ops: &[InitOp]) -> Catalog {
-        let mut c = Catalog::default();
-        for op in ops {
-            match op {
-                InitOp::Declare(d) => {
-                    c.declare(
+    /// Runs declarations against a trial catalog the way describe mode does: an init that
+    /// stops at its first refused declaration, like a processor using `?`.
+    fn describe(catalog: &Catalog, decls: &[InitOp]) -> Described {
+        let mut trial = catalog.trial();
+        let mut described = Described::default();
+        for op in decls {
+            let outcome = match op {
+                InitOp::Declare(d) => trial
+                    .declare(
                         &d.name,
                         d.kind,
                         d.key_schema.as_deref(),
                         &d.value_schema,
                         d.ttl_ms,
                     )
-                    .unwrap();
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+                InitOp::Delete(n) => {
+                    trial.delete_if_exists(n);
+                    Ok(())
                 }
-                InitOp::Delete(n) => c.delete_if_exists(n),
+            };
+            let failed = outcome.clone().err();
+            described.ops.push((op.clone(), outcome));
+            if let Some(e) = failed {
+                described.init_error = Some(e);
+                break;
             }
+        }
+        described
+    }
+
+    fn catalog(decls: &[Declaration]) -> Catalog {
+        let mut c = Catalog::default();
+        for d in decls {
+            c.declare(
+                &d.name,
+                d.kind,
+                d.key_schema.as_deref(),
+                &d.value_schema,
+                d.ttl_ms,
+            )
+            .unwrap();
         }
         c
     }
@@ -454,21 +493,25 @@ mod tests {
     #[test]
     fn check_reports_every_kind_of_change() {
         let v1 = catalog(&[
-            declare("profile", VarKind::Value, "name string, visits int"),
-            declare("old", VarKind::List, "long"),
-            declare("gone", VarKind::Value, "long"),
-            declare("kind", VarKind::Value, "long"),
+            declaration("profile", VarKind::Value, "name string, visits int"),
+            declaration("old", VarKind::List, "long"),
+            declaration("gone", VarKind::Value, "long"),
+            declaration("kind", VarKind::Value, "long"),
         ]);
-        let report = v1.check(&[
-            declare(
-                "profile",
-                VarKind::Value,
-                "name string, visits long, email string",
-            ),
-            declare("history", VarKind::Map, "long"),
-            InitOp::Delete("gone".into()),
-            declare("kind", VarKind::List, "long"),
-        ]);
+        let described = describe(
+            &v1,
+            &[
+                InitOp::Declare(declaration(
+                    "profile",
+                    VarKind::Value,
+                    "name string, visits long, email string",
+                )),
+                InitOp::Declare(declaration("history", VarKind::Map, "long")),
+                InitOp::Delete("gone".into()),
+                InitOp::Declare(declaration("kind", VarKind::List, "long")),
+            ],
+        );
+        let report = v1.check(&described);
         let status = |n: &str| {
             report
                 .vars
@@ -485,14 +528,23 @@ mod tests {
             other => panic!("expected incompatible, got {other:?}"),
         }
         assert!(!report.is_compatible());
+        assert!(v1.get("gone").is_some(), "checking changes nothing");
     }
 
     #[test]
     fn an_incompatibility_with_any_earlier_schema_is_refused() {
-        let mut c = catalog(&[declare("p", VarKind::Value, "name string, visits int")]);
+        let mut c = catalog(&[declaration("p", VarKind::Value, "name string, visits int")]);
         c.declare("p", VarKind::Value, None, "visits long", None)
             .unwrap();
-        let report = c.check(&[declare("p", VarKind::Value, "visits long, name long")]);
+        let described = describe(
+            &c,
+            &[InitOp::Declare(declaration(
+                "p",
+                VarKind::Value,
+                "visits long, name long",
+            ))],
+        );
+        let report = c.check(&described);
         match &report.vars[0].1 {
             VarStatus::Incompatible(why) => {
                 assert!(why.contains("name string, visits int"), "{why}");
@@ -500,5 +552,6 @@ mod tests {
             }
             other => panic!("expected incompatible, got {other:?}"),
         }
+        assert!(!report.is_compatible());
     }
 }

@@ -10,7 +10,7 @@ use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use crate::bindings::statebox::processor::{handle, log, state, types};
-use crate::catalog::{Catalog, Declaration, DeclareError, InitOp, VarHandle, VarKind};
+use crate::catalog::{Catalog, Declaration, DeclareError, Described, InitOp, VarHandle, VarKind};
 use crate::sandbox::{Limits, VirtualClock, VirtualRandom};
 use crate::{BatchTimes, InstanceConfig, TimeMode};
 use types::{ErrorKind, StateError};
@@ -109,8 +109,9 @@ pub struct HostState {
     generation: u64,
     /// A storage failure seen by an import; the import traps and the caller reports this.
     internal_error: Option<StoreError>,
-    /// In describe mode, `init` touches no catalog: its declarations are recorded here.
-    describe: Option<Vec<InitOp>>,
+    /// In describe mode, `init` runs against a trial copy of the catalog (so it meets the
+    /// refusals a real run would) and what it did is recorded here.
+    describe: Option<(Catalog, Described)>,
 }
 
 impl WasiView for HostState {
@@ -168,14 +169,14 @@ impl HostState {
         }
     }
 
-    /// Switches to describe mode: declarations are recorded instead of applied.
-    pub(crate) fn start_describing(&mut self) {
-        self.describe = Some(Vec::new());
+    /// Switches to describe mode against a trial copy of `catalog`.
+    pub(crate) fn start_describing(&mut self, catalog: &Catalog) {
+        self.describe = Some((catalog.trial(), Described::default()));
     }
 
-    /// The declarations recorded in describe mode.
-    pub(crate) fn take_described(&mut self) -> Vec<InitOp> {
-        self.describe.take().unwrap_or_default()
+    /// What `init` did in describe mode.
+    pub(crate) fn take_described(&mut self) -> Described {
+        self.describe.take().map(|(_, d)| d).unwrap_or_default()
     }
 
     pub(crate) fn call_timeout(&self) -> std::time::Duration {
@@ -404,26 +405,23 @@ impl HostState {
                 format!("state variable `{name}`: TTL must be positive"),
             ));
         }
-        if let Some(ops) = &mut self.describe {
-            ops.push(InitOp::Declare(Declaration {
+        if let Some((trial, described)) = &mut self.describe {
+            let result = trial.declare(name, kind, key_ddl, value_ddl, ttl_ms);
+            let op = InitOp::Declare(Declaration {
                 name: name.to_owned(),
                 kind,
                 key_schema: key_ddl.map(str::to_owned),
                 value_schema: value_ddl.to_owned(),
                 ttl_ms,
-            }));
-            // A scratch catalog checks the schemas parse and gives the guest a handle.
-            return Catalog::default()
-                .declare(name, kind, key_ddl, value_ddl, ttl_ms)
-                .map_err(|e| err(ErrorKind::InvalidSchema, e.to_string()));
+            });
+            let outcome = result.as_ref().map(|_| ()).map_err(|e| e.to_string());
+            described.ops.push((op, outcome));
+            return result.map_err(declare_error);
         }
         let mut catalog = self.config.catalog.lock().expect("catalog lock poisoned");
         catalog
             .declare(name, kind, key_ddl, value_ddl, ttl_ms)
-            .map_err(|e| match e {
-                DeclareError::InvalidSchema { .. } => err(ErrorKind::InvalidSchema, e.to_string()),
-                _ => err(ErrorKind::InvalidUse, e.to_string()),
-            })
+            .map_err(declare_error)
     }
 
     fn iter_guard(&self, generation: u64) -> Result<(), StateError> {
@@ -434,6 +432,14 @@ impl HostState {
             ));
         }
         Ok(())
+    }
+}
+
+/// The guest-visible error for a refused declaration.
+fn declare_error(e: DeclareError) -> StateError {
+    match e {
+        DeclareError::InvalidSchema { .. } => err(ErrorKind::InvalidSchema, e.to_string()),
+        _ => err(ErrorKind::InvalidUse, e.to_string()),
     }
 }
 
@@ -490,9 +496,9 @@ macro_rules! op {
             Ok(x) => x,
             Err(e) => return Ok(Err(e)),
         };
-        let key_bytes = $key.as_bytes().to_vec();
-        let $key = &key_bytes[..];
-        match $body {
+        let $key = $key.as_bytes();
+        let result = $body;
+        match result {
             Ok(v) => v,
             Err(e) => return Err($self.fail(e)),
         }
@@ -585,7 +591,10 @@ impl handle::Host for HostState {
             )));
         }
         match &mut self.describe {
-            Some(ops) => ops.push(InitOp::Delete(name)),
+            Some((trial, described)) => {
+                trial.delete_if_exists(&name);
+                described.ops.push((InitOp::Delete(name), Ok(())));
+            }
             None => self
                 .config
                 .catalog

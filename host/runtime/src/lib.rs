@@ -356,26 +356,28 @@ impl Processor {
         Ok((store, bindings))
     }
 
-    /// Runs `init` in describe mode and returns what it declared and deleted, in order,
-    /// without touching any checkpoint: how the host learns a processor's state variables
-    /// before it sees data (to check an upgrade against a checkpoint's catalog).
-    pub fn declarations(&self, time_mode: TimeMode) -> Result<Vec<catalog::InitOp>, CallError> {
+    /// Runs `init` in describe mode against a trial copy of `catalog` and returns what it
+    /// declared and deleted, with the outcome of each, and whether `init` succeeded: how the
+    /// host learns a processor's state variables, and checks an upgrade, without data and
+    /// without touching any checkpoint.
+    pub fn describe_init(
+        &self,
+        time_mode: TimeMode,
+        catalog: &Catalog,
+    ) -> Result<catalog::Described, CallError> {
         let config = InstanceConfig {
             time_mode,
             catalog: Arc::new(Mutex::new(Catalog::default())),
             partition: 0,
             output_event_time_column: None,
         };
-        let err = |kind| CallError {
+        let (mut store, bindings) = self.new_store(&config).map_err(|e| CallError {
             processor: self.info.name.clone(),
             function: Function::Init,
             key: None,
-            kind,
-        };
-        let (mut store, bindings) = self
-            .new_store(&config)
-            .map_err(|e| err(CallErrorKind::Trap(format!("instantiation failed: {e:#}"))))?;
-        store.data_mut().start_describing();
+            kind: CallErrorKind::Trap(format!("instantiation failed: {e:#}")),
+        })?;
+        store.data_mut().start_describing(catalog);
         store.data_mut().begin_init();
         let mut instance = Instance {
             store,
@@ -388,8 +390,14 @@ impl Processor {
             b.statebox_processor_processor().call_init(s, time_mode)
         });
         instance.store.data_mut().end_call();
-        result?;
-        Ok(instance.store.data_mut().take_described())
+        let mut described = instance.store.data_mut().take_described();
+        match result {
+            Ok(()) => {}
+            // A trap in init is the processor's bug, not a verdict on the upgrade.
+            Err(e) if e.poisons_instance() => return Err(e),
+            Err(e) => described.init_error = Some(e.kind.to_string()),
+        }
+        Ok(described)
     }
 
     /// Instantiates the processor for one partition and runs its `init`.

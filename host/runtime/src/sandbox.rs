@@ -170,12 +170,13 @@ pub(crate) struct VirtualRandom(Arc<AtomicU64>);
 
 impl VirtualRandom {
     pub(crate) fn reseed(&self, batch_id: u64, key: &str) {
-        let seed = blake3::Hasher::new()
-            .update(&batch_id.to_le_bytes())
-            .update(key.as_bytes())
-            .finalize();
-        let bytes: [u8; 8] = seed.as_bytes()[..8].try_into().expect("8 bytes");
-        self.0.store(u64::from_le_bytes(bytes), Ordering::Relaxed);
+        // FNV-1a over the batch id and key: cheap, stable, and distinct per (batch, key).
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for &b in batch_id.to_le_bytes().iter().chain(key.as_bytes()) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        self.0.store(h, Ordering::Relaxed);
     }
 
     fn next(&self) -> u64 {
