@@ -12,4 +12,5 @@ mod restart;
 mod sandbox;
 mod scenarios;
 mod state_ops;
+mod trigger;
 mod upgrade;

@@ -57,6 +57,8 @@ pub(crate) struct Context<'q> {
     pub time_mode: TimeMode,
     pub output_event_time_column: Option<&'q str>,
     pub times: BatchTimes,
+    /// Timers and TTL expiries up to this time were all handled by committed batches.
+    pub time_floor: Option<i64>,
 }
 
 impl Context<'_> {
@@ -82,7 +84,9 @@ impl Context<'_> {
                 }
             }
         };
-        instance.begin_batch(self.checkpoint.txn(partition), self.times);
+        let mut txn = self.checkpoint.txn(partition);
+        txn.set_time_floor(self.time_floor);
+        instance.begin_batch(txn, self.times);
         let mut counts = Counts::default();
         let outcome = self
             .initial_state(&mut *instance, &initial)

@@ -320,6 +320,22 @@ fn partition_prefix(ns: u8, partition: Partition) -> Vec<u8> {
     out
 }
 
+/// The first by-time timer key of `partition` at or after `from`.
+pub fn timer_time_range_from(partition: Partition, from: i64) -> Vec<u8> {
+    time_key_from(TIMER_BY_TIME, partition, from)
+}
+
+/// The first TTL index key of `partition` at or after expiry `from`.
+pub fn ttl_range_from(partition: Partition, from: i64) -> Vec<u8> {
+    time_key_from(TTL, partition, from)
+}
+
+fn time_key_from(ns: u8, partition: Partition, from: i64) -> Vec<u8> {
+    let mut key = partition_prefix(ns, partition);
+    key.extend_from_slice(&encode_i64(from));
+    key
+}
+
 fn time_range_upto(ns: u8, partition: Partition, upto: i64) -> (Vec<u8>, Vec<u8>) {
     let start = partition_prefix(ns, partition);
     let end = match upto.checked_add(1) {

@@ -48,6 +48,8 @@ pub struct PartitionTxn {
     engine: Arc<dyn KvEngine>,
     partition: Partition,
     ttl_clock: Option<i64>,
+    /// Committed timers and TTL index entries before this time are known to be gone.
+    time_floor: Option<i64>,
     overlay: Overlay,
     /// Set by [`Self::seal`]: the overlay as write-batch operations.
     sealed: Option<Sealed>,
@@ -87,6 +89,7 @@ impl PartitionTxn {
             engine,
             partition,
             ttl_clock: None,
+            time_floor: None,
             overlay: Overlay::default(),
             sealed: None,
             scratch: RefCell::new(Vec::with_capacity(64)),
@@ -102,6 +105,24 @@ impl PartitionTxn {
     /// every value.
     pub fn set_ttl_clock(&mut self, now_ms: Option<i64>) {
         self.ttl_clock = now_ms;
+    }
+
+    /// Declares that no committed timer and no committed TTL index entry is earlier than
+    /// `floor_ms`: the previous batch fired every timer and cleaned every expiry up to
+    /// `floor_ms - 1`. [`PartitionTxn::timers_due`] and [`PartitionTxn::ttl_cleanup`] then
+    /// start their scans of committed data there, instead of wading through the delete
+    /// tombstones that firing and cleanup leave behind in RocksDB. Entries written in this
+    /// batch are always seen.
+    pub fn set_time_floor(&mut self, floor_ms: Option<i64>) {
+        self.time_floor = floor_ms;
+    }
+
+    /// Where a scan of committed by-time entries may start.
+    fn floor_key(&self, start: &[u8], ns_range_start: impl Fn(i64) -> Vec<u8>) -> Vec<u8> {
+        match self.time_floor {
+            Some(floor) => ns_range_start(floor).max(start.to_vec()),
+            None => start.to_vec(),
+        }
     }
 
     // ---- ValueState ----
@@ -424,7 +445,9 @@ impl PartitionTxn {
             return Ok(out);
         }
         let (start, end) = keys::timer_time_range_upto(self.partition, upto);
-        self.scan_ordered(&start, &end, &mut |k, _| {
+        let committed_start =
+            self.floor_key(&start, |t| keys::timer_time_range_from(self.partition, t));
+        self.scan_ordered(&start, &committed_start, &end, &mut |k, _| {
             let (ts, key) = keys::decode_timer_by_time(k)?;
             out.push((ts, key.to_vec()));
             Ok(out.len() < max)
@@ -443,11 +466,13 @@ impl PartitionTxn {
     pub fn ttl_cleanup(&mut self, now_ms: i64) -> Result<u64> {
         self.check_open();
         let (mut start, end) = keys::ttl_range_upto(self.partition, now_ms);
+        let committed_start = self.floor_key(&start, |t| keys::ttl_range_from(self.partition, t));
         let mut removed = 0;
         let mut chunk: Vec<Vec<u8>> = Vec::new();
         loop {
             chunk.clear();
-            self.scan_ordered(&start, &end, &mut |k, _| {
+            let engine_start = committed_start.clone().max(start.clone());
+            self.scan_ordered(&start, &engine_start, &end, &mut |k, _| {
                 chunk.push(k.to_vec());
                 Ok(chunk.len() < TTL_CLEANUP_CHUNK)
             })?;
@@ -570,14 +595,32 @@ impl PartitionTxn {
 
     /// Calls `f` with every visible timers-by-time or TTL index entry in `[start, end)`,
     /// ascending, until it returns `false`.
-    fn scan_ordered(&self, start: &[u8], end: &[u8], f: &mut ScanFn<'_>) -> Result<()> {
+    /// Scans `[start, end)` of the ordered namespaces (timers by time, TTL index): buffered
+    /// entries from `start`, committed ones from `committed_start` (see
+    /// [`PartitionTxn::set_time_floor`]).
+    fn scan_ordered(
+        &self,
+        start: &[u8],
+        committed_start: &[u8],
+        end: &[u8],
+        f: &mut ScanFn<'_>,
+    ) -> Result<()> {
         if start >= end {
             return Ok(());
         }
         let bounds: (Bound<&[u8]>, Bound<&[u8]>) = (Included(start), Excluded(end));
         let mut overlay = self.overlay.ordered.range::<[u8], _>(bounds).peekable();
         let mut stopped = false;
-        self.engine.scan(start, end, &mut |k, v| {
+        let committed_start = committed_start.max(start);
+        if committed_start >= end {
+            for (ok, put) in overlay {
+                if *put && !f(ok, &[])? {
+                    break;
+                }
+            }
+            return Ok(());
+        }
+        self.engine.scan(committed_start, end, &mut |k, v| {
             while let Some((ok, put)) = overlay.next_if(|(ok, _)| ok.as_slice() < k) {
                 if *put && !f(ok, &[])? {
                     stopped = true;

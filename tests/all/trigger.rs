@@ -1,0 +1,108 @@
+//! `--trigger interval=…`: a long-running query that picks up new files, runs no-data
+//! batches so processing-time timers fire without input, and stops cleanly on Ctrl-C.
+
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use statebox_tests::{Scratch, guests};
+
+/// `plugins/heartbeat-monitor` (10 s timeout).
+const HEARTBEAT: &str = env!("STATEBOX_GUEST_HEARTBEAT_MONITOR");
+
+/// Polls until the output holds `n` rows, or panics after `limit`.
+fn wait_for_rows(scratch: &Scratch, n: usize, limit: Duration) -> Vec<serde_json::Value> {
+    let start = Instant::now();
+    loop {
+        let rows = scratch.output_rows();
+        if rows.len() >= n {
+            return rows;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "waited {limit:?} for {n} output rows, have {rows:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Sends SIGINT (what Ctrl-C sends) and waits for a clean exit.
+fn interrupt(mut child: Child) -> String {
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success());
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("wait for statebox") {
+            let mut stderr = String::new();
+            std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+            assert_eq!(
+                status.code(),
+                Some(0),
+                "statebox did not stop cleanly:\n{stderr}"
+            );
+            return stderr;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "statebox ignored Ctrl-C"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn an_interval_trigger_processes_new_files_and_stops_on_ctrl_c() {
+    let scratch = Scratch::new();
+    let child = scratch
+        .run_cmd(guests::COUNTER, "k")
+        .args(["--trigger", "interval=100ms"])
+        .command()
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn statebox");
+    scratch.write_rows("a.jsonl", &[json!({"k": "x"}), json!({"k": "x"})]);
+    let rows = wait_for_rows(&scratch, 1, Duration::from_secs(20));
+    assert_eq!(rows, vec![json!({"key": "x", "count": 2})]);
+    scratch.write_rows("b.jsonl", &[json!({"k": "y"})]);
+    let rows = wait_for_rows(&scratch, 2, Duration::from_secs(20));
+    assert_eq!(rows[1], json!({"key": "y", "count": 1}));
+    let stderr = interrupt(child);
+    assert!(
+        stderr.contains("stopped after the last committed batch"),
+        "{stderr}"
+    );
+    // Everything was committed: an available-now run finds nothing new to do.
+    let stderr = scratch.run_cmd(guests::COUNTER, "k").run().expect_ok();
+    assert!(stderr.contains("no new input"), "{stderr}");
+    assert_eq!(scratch.output_rows().len(), 2);
+}
+
+#[test]
+fn no_data_batches_fire_processing_time_timers_without_input() {
+    let scratch = Scratch::new();
+    let child = scratch
+        .run_cmd(HEARTBEAT, "sensor")
+        .args([
+            "--time-mode",
+            "processing-time",
+            "--trigger",
+            "interval=200ms",
+        ])
+        .command()
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn statebox");
+    scratch.write_rows("beat.jsonl", &[json!({"sensor": "s1"})]);
+    let rows = wait_for_rows(&scratch, 1, Duration::from_secs(20));
+    assert_eq!(rows, vec![json!({"sensor": "s1", "status": "up"})]);
+    // No more input: only a no-data batch can fire the 10 s timeout.
+    let rows = wait_for_rows(&scratch, 2, Duration::from_secs(30));
+    assert_eq!(rows[1], json!({"sensor": "s1", "status": "down"}));
+    interrupt(child);
+    assert_eq!(scratch.output_rows().len(), 2, "down is emitted once");
+}
