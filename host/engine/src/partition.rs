@@ -173,7 +173,7 @@ impl Context<'_> {
                     .map_err(|_| internal(StoreError::Corrupt("timer key is not UTF-8".into())))?;
                 // An earlier handler of this round may have deleted this timer; a deleted
                 // timer never fires, whichever page of due timers it was fetched in.
-                if !store(instance, |txn| txn.timer_list(key.as_bytes()))?.contains(&ts) {
+                if !store(instance, |txn| txn.timer_exists(key.as_bytes(), ts))? {
                     continue;
                 }
                 let out = instance

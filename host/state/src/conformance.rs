@@ -492,6 +492,25 @@ fn map_matches_a_model_under_random_operations(fx: Fixture) {
 
 // ---- Timers ----
 
+fn scans_of_committed_timers_start_at_the_time_floor(mut fx: Fixture) {
+    let mut txn = fx.cp().txn(0);
+    txn.timer_register(b"a", 30).unwrap();
+    txn.timer_register(b"b", 50).unwrap();
+    fx.commit(vec![txn]);
+
+    let mut txn = fx.cp().txn(0);
+    // The previous batch handled everything up to 39: scans of committed timers start at
+    // 40, while timers buffered in this batch are always seen.
+    txn.set_time_floor(Some(40));
+    txn.timer_register(b"c", 10).unwrap();
+    assert_eq!(
+        txn.timers_due(100, 10).unwrap(),
+        [(10, b"c".to_vec()), (50, b"b".to_vec())]
+    );
+    txn.set_time_floor(None);
+    assert_eq!(txn.timers_due(100, 10).unwrap().len(), 3);
+}
+
 fn timers_register_list_delete_and_fire_in_order(mut fx: Fixture) {
     let mut txn = fx.cp().txn(1);
     txn.timer_register(b"b", 20).unwrap();
@@ -503,10 +522,20 @@ fn timers_register_list_delete_and_fire_in_order(mut fx: Fixture) {
     let mut other = fx.cp().txn(2);
     other.timer_register(b"z", 0).unwrap();
     assert_eq!(txn.timer_list(b"a").unwrap(), [-5, 20]);
+    assert!(txn.timer_exists(b"a", -5).unwrap());
+    assert!(txn.timer_exists(b"c", 30).unwrap());
+    assert!(!txn.timer_exists(b"c", 99).unwrap());
     fx.commit(vec![txn, other]);
     fx.reopen();
 
     let mut txn = fx.cp().txn(1);
+    // Committed timers are found by a point read; buffered deletes hide them.
+    assert!(txn.timer_exists(b"a", 20).unwrap());
+    assert!(!txn.timer_exists(b"a", 21).unwrap());
+    txn.timer_delete(b"b", 20).unwrap();
+    assert!(!txn.timer_exists(b"b", 20).unwrap());
+    txn.timer_register(b"b", 20).unwrap();
+    assert!(txn.timer_exists(b"b", 20).unwrap());
     assert_eq!(
         txn.timers_due(20, 10).unwrap(),
         [
@@ -725,6 +754,7 @@ conformance!(
     map_clear_then_put_in_one_batch,
     map_matches_a_model_under_random_operations,
     timers_register_list_delete_and_fire_in_order,
+    scans_of_committed_timers_start_at_the_time_floor,
     expired_values_are_hidden_from_reads,
     ttl_cleanup_removes_expired_entries_only,
     ttl_cleanup_handles_more_than_one_chunk,

@@ -422,6 +422,25 @@ impl PartitionTxn {
         self.set_timer(key, ts, false)
     }
 
+    /// Whether timer `(key, ts)` is registered: a point read, unlike [`PartitionTxn::timer_list`].
+    pub fn timer_exists(&self, key: &[u8], ts: i64) -> Result<bool> {
+        self.check_open();
+        check_key(key)?;
+        let mut k = self.scratch.borrow_mut();
+        keys::timer_key_prefix_into(&mut k, key);
+        let suffix = keys::encode_i64(ts);
+        if let Some(timers) = self.overlay.timers.get(&k[1..]) {
+            if let Some(slot) = timers.entries.get(&suffix) {
+                return Ok(slot.is_some());
+            }
+            if timers.is_cleared() {
+                return Ok(false);
+            }
+        }
+        k.extend_from_slice(&suffix);
+        Ok(self.engine.get(&k)?.is_some())
+    }
+
     /// The timestamps of `key`'s timers, ascending.
     pub fn timer_list(&self, key: &[u8]) -> Result<Vec<i64>> {
         self.check_open();
