@@ -492,7 +492,7 @@ fn map_matches_a_model_under_random_operations(fx: Fixture) {
 
 // ---- Timers ----
 
-fn scans_of_committed_timers_start_at_the_time_floor(mut fx: Fixture) {
+fn scans_of_committed_timers_start_at_the_time_floor(fx: Fixture) {
     let mut txn = fx.cp().txn(0);
     txn.timer_register(b"a", 30).unwrap();
     txn.timer_register(b"b", 50).unwrap();
