@@ -73,6 +73,18 @@ impl std::fmt::Display for TimeMode {
     }
 }
 
+impl TimeMode {
+    /// The time timers fire against and TTL expires against in a batch with these times:
+    /// the batch timestamp, the watermark, or none in time mode `none`.
+    pub fn clock(self, batch_timestamp_ms: i64, watermark_ms: i64) -> Option<i64> {
+        match self {
+            TimeMode::None => None,
+            TimeMode::ProcessingTime => Some(batch_timestamp_ms),
+            TimeMode::EventTime => Some(watermark_ms),
+        }
+    }
+}
+
 impl From<TimeMode> for statebox_runtime::TimeMode {
     fn from(t: TimeMode) -> Self {
         match t {

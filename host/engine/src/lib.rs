@@ -622,14 +622,13 @@ impl Query {
             times,
             // The committed batch fired every timer and expired every value up to its
             // time, so scans for due timers and expiries can start just after it.
-            time_floor: self
-                .head
-                .as_ref()
-                .and_then(|h| match self.config.time_mode {
-                    TimeMode::None => None,
-                    TimeMode::ProcessingTime => h.timestamp_ms.checked_add(1),
-                    TimeMode::EventTime => h.watermark_ms.checked_add(1),
-                }),
+            time_floor: self.head.as_ref().and_then(|h| {
+                let clock = self
+                    .config
+                    .time_mode
+                    .clock(h.timestamp_ms, h.watermark_ms)?;
+                clock.checked_add(1)
+            }),
         };
         let ctx = &ctx;
         let finished: Vec<Vec<partition::Outcome>> = std::thread::scope(|s| {

@@ -62,6 +62,12 @@ pub(crate) struct Context<'q> {
 }
 
 impl Context<'_> {
+    /// The batch's timer and TTL clock.
+    fn clock(&self) -> Option<i64> {
+        self.time_mode
+            .clock(self.times.batch_timestamp_ms, self.times.watermark_ms)
+    }
+
     pub fn run(&self, job: Job<'_>) -> Outcome {
         let Job {
             partition,
@@ -158,10 +164,8 @@ impl Context<'_> {
         instance: &mut dyn PartitionProcessor,
         result: &mut Counts,
     ) -> Result<(), (CallError, Option<Origin>)> {
-        let upto = match self.time_mode {
-            TimeMode::None => return Ok(()),
-            TimeMode::ProcessingTime => self.times.batch_timestamp_ms,
-            TimeMode::EventTime => self.times.watermark_ms,
+        let Some(upto) = self.clock() else {
+            return Ok(());
         };
         loop {
             let due = store(instance, |txn| txn.timers_due(upto, TIMER_PAGE))?;
@@ -206,10 +210,8 @@ impl Context<'_> {
         instance: &mut dyn PartitionProcessor,
         result: &mut Counts,
     ) -> Result<(), (CallError, Option<Origin>)> {
-        let now = match self.time_mode {
-            TimeMode::None => return Ok(()),
-            TimeMode::ProcessingTime => self.times.batch_timestamp_ms,
-            TimeMode::EventTime => self.times.watermark_ms,
+        let Some(now) = self.clock() else {
+            return Ok(());
         };
         result.ttl_removed = store(instance, |txn| txn.ttl_cleanup(now))?;
         Ok(())
