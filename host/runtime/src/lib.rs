@@ -197,14 +197,14 @@ impl Runtime {
         let pre = StatefulProcessorPre::new(instance_pre).map_err(|e| {
             LoadError::Invalid(format!("it does not implement world {WORLD}: {e:#}"))
         })?;
-        let mut processor = Processor {
+        let limits = self.config.limits.clone();
+        let info = Arc::new(describe(&pre, &limits)?);
+        Ok(Processor {
             pre,
             hash,
-            info: Arc::new(ProcessorInfo::placeholder()),
-            limits: self.config.limits.clone(),
-        };
-        processor.info = Arc::new(processor.describe()?);
-        Ok(processor)
+            info,
+            limits,
+        })
     }
 
     fn compile_cached(&self, bytes: &[u8], hash: &str) -> Result<Component, LoadError> {
@@ -261,17 +261,6 @@ pub struct ProcessorInfo {
     pub output_event_time_column: Option<String>,
 }
 
-impl ProcessorInfo {
-    fn placeholder() -> ProcessorInfo {
-        ProcessorInfo {
-            name: String::new(),
-            output_schema: Schema::parse_ddl("string").expect("valid DDL"),
-            input_schema: None,
-            output_event_time_column: None,
-        }
-    }
-}
-
 /// A compiled, checked processor component, ready to instantiate.
 #[derive(Clone)]
 pub struct Processor {
@@ -306,54 +295,11 @@ impl Processor {
         &self.hash
     }
 
-    fn describe(&self) -> Result<ProcessorInfo, LoadError> {
-        let config = InstanceConfig {
-            time_mode: TimeMode::None,
-            catalog: Arc::new(Mutex::new(Catalog::default())),
-            partition: 0,
-            output_event_time_column: None,
-        };
-        let (mut store, bindings) = self
-            .new_store(&config)
-            .map_err(|e| LoadError::Describe(format!("{e:#}")))?;
-        store.set_epoch_deadline(self.limits.deadline_ticks());
-        let raw = bindings
-            .statebox_processor_processor()
-            .call_describe(&mut store)
-            .map_err(|e| LoadError::Describe(sandbox::describe_trap(&e, &store)))?;
-        let parse = |what: &str, ddl: &str| {
-            Schema::parse_ddl(ddl)
-                .map_err(|e| LoadError::Describe(format!("invalid {what} schema `{ddl}`: {e}")))
-        };
-        Ok(ProcessorInfo {
-            output_schema: parse("output", &raw.output_schema)?,
-            input_schema: raw
-                .input_schema
-                .as_deref()
-                .map(|s| parse("input", s))
-                .transpose()?,
-            output_event_time_column: raw.output_event_time_column,
-            name: raw.name,
-        })
-    }
-
     fn new_store(
         &self,
         config: &InstanceConfig,
     ) -> anyhow::Result<(Store<HostState>, StatefulProcessor)> {
-        let engine = self.pre.engine();
-        let host = HostState::new(
-            self.info.name.clone(),
-            config.clone(),
-            &self.limits,
-            ResourceTable::new(),
-        );
-        let mut store = Store::new(engine, host);
-        store.limiter(|s| &mut s.limits);
-        store.epoch_deadline_trap();
-        store.set_epoch_deadline(self.limits.deadline_ticks());
-        let bindings = self.pre.instantiate(&mut store)?;
-        Ok((store, bindings))
+        new_store(&self.pre, &self.limits, &self.info.name, config)
     }
 
     /// Runs `init` in describe mode against a trial copy of `catalog` and returns what it
@@ -434,6 +380,60 @@ impl Processor {
         result?;
         Ok(instance)
     }
+}
+
+/// A fresh store with the sandbox applied, and the instantiated component in it.
+fn new_store(
+    pre: &StatefulProcessorPre<HostState>,
+    limits: &Limits,
+    name: &str,
+    config: &InstanceConfig,
+) -> anyhow::Result<(Store<HostState>, StatefulProcessor)> {
+    let host = HostState::new(
+        name.to_owned(),
+        config.clone(),
+        limits,
+        ResourceTable::new(),
+    );
+    let mut store = Store::new(pre.engine(), host);
+    store.limiter(|s| &mut s.limits);
+    store.epoch_deadline_trap();
+    store.set_epoch_deadline(limits.deadline_ticks());
+    let bindings = pre.instantiate(&mut store)?;
+    Ok((store, bindings))
+}
+
+/// Calls a freshly instantiated component's `describe` and parses its schemas.
+fn describe(
+    pre: &StatefulProcessorPre<HostState>,
+    limits: &Limits,
+) -> Result<ProcessorInfo, LoadError> {
+    let config = InstanceConfig {
+        time_mode: TimeMode::None,
+        catalog: Arc::new(Mutex::new(Catalog::default())),
+        partition: 0,
+        output_event_time_column: None,
+    };
+    let (mut store, bindings) =
+        new_store(pre, limits, "", &config).map_err(|e| LoadError::Describe(format!("{e:#}")))?;
+    let raw = bindings
+        .statebox_processor_processor()
+        .call_describe(&mut store)
+        .map_err(|e| LoadError::Describe(sandbox::describe_trap(&e, &store)))?;
+    let parse = |what: &str, ddl: &str| {
+        Schema::parse_ddl(ddl)
+            .map_err(|e| LoadError::Describe(format!("invalid {what} schema `{ddl}`: {e}")))
+    };
+    Ok(ProcessorInfo {
+        output_schema: parse("output", &raw.output_schema)?,
+        input_schema: raw
+            .input_schema
+            .as_deref()
+            .map(|s| parse("input", s))
+            .transpose()?,
+        output_event_time_column: raw.output_event_time_column,
+        name: raw.name,
+    })
 }
 
 /// The times and identity of the batch being run.
