@@ -126,7 +126,9 @@ fn timed(workload: &str, plugin: &str, column: &str, args: TimeArgs) -> anyhow::
             writeln!(w, "{{\"{column}\":\"k{k}\",\"seq\":{written}}}")?;
             written += 1;
         }
-        w.flush()?;
+        // Make the generated input durable before timing starts: otherwise the first
+        // commit's fsync (ext4 journals in order) would pay for writing the input back.
+        w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
     }
     let wasm = match &args.processor {
         Some(p) => crate::plugin::resolve(p)?,
@@ -280,7 +282,9 @@ fn generate_count_input(dir: &Path, events: u64, keys: u64, batches: u64) -> any
             writeln!(w, "{{\"key\":\"k{}\",\"value\":{written}}}", state % keys)?;
             written += 1;
         }
-        w.flush()?;
+        // Make the generated input durable before timing starts: otherwise the first
+        // commit's fsync (ext4 journals in order) would pay for writing the input back.
+        w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
     }
     Ok(())
 }
