@@ -104,7 +104,8 @@ fn timed(workload: &str, plugin: &str, column: &str, args: TimeArgs) -> anyhow::
         args.keys > 0 && args.events > 0 && args.batches > 0 && args.step_ms > 0,
         "--events, --keys, --batches and --step-ms must be positive"
     );
-    let dir = tempfile_dir()?;
+    let scratch = scratch_dir()?;
+    let dir = scratch.path();
     let input = dir.join("input");
     std::fs::create_dir_all(&input)?;
     let per_batch = args.events.div_ceil(args.batches);
@@ -182,7 +183,6 @@ fn timed(workload: &str, plugin: &str, column: &str, args: TimeArgs) -> anyhow::
         "ttl_removed_per_s": (expired as f64 / seconds).round(),
     });
     println!("{line}");
-    std::fs::remove_dir_all(&dir).ok();
     Ok(())
 }
 
@@ -191,7 +191,8 @@ fn count(args: CountArgs) -> anyhow::Result<()> {
         args.keys > 0 && args.events > 0 && args.batches > 0,
         "--events, --keys and --batches must be positive"
     );
-    let dir = tempfile_dir()?;
+    let scratch = scratch_dir()?;
+    let dir = scratch.path();
     let input = dir.join("input");
     generate_count_input(&input, args.events, args.keys, args.batches)?;
     let mut engines = Vec::new();
@@ -250,7 +251,6 @@ fn count(args: CountArgs) -> anyhow::Result<()> {
         });
         println!("{line}");
     }
-    std::fs::remove_dir_all(&dir).ok();
     Ok(())
 }
 
@@ -259,10 +259,12 @@ fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-fn tempfile_dir() -> anyhow::Result<PathBuf> {
-    let dir = std::env::temp_dir().join(format!("statebox-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    Ok(dir)
+/// A temporary directory for a benchmark's data, removed when dropped (also on errors).
+fn scratch_dir() -> anyhow::Result<tempfile::TempDir> {
+    tempfile::Builder::new()
+        .prefix("statebox-bench-")
+        .tempdir()
+        .context("cannot create a temporary directory")
 }
 
 /// Writes `batches` files of events `{"key": "k<n>", "value": <i>}` over `keys` keys,

@@ -3,6 +3,7 @@
 mod bench;
 mod plugin;
 mod scenario;
+mod state;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -41,6 +42,9 @@ enum Command {
     /// Measure throughput of the real pipeline.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Read a checkpoint's state, metadata or progress (read-only; safe while it runs).
+    #[command(subcommand)]
+    State(state::StateCommand),
 }
 
 #[derive(Args)]
@@ -210,6 +214,7 @@ fn main() -> ExitCode {
         Command::Test(args) => scenario::run(args),
         Command::Check(args) => check(args),
         Command::Bench(cmd) => bench::run(cmd),
+        Command::State(cmd) => state::run(cmd),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -87,10 +87,12 @@ pub(crate) fn run(args: TestArgs) -> anyhow::Result<()> {
         .with_context(|| format!("invalid scenario {}", args.scenario.display()))?;
     let base = args.scenario.parent().unwrap_or(Path::new(".")).to_owned();
     let runtime = args.sandbox.runtime()?;
-    let work = tempdir()?;
-    let result = run_steps(&scenario, &base, &runtime, &work, args.json);
-    std::fs::remove_dir_all(&work).ok();
-    let failures = result?;
+    // A fresh checkpoint, input and output, removed when the run ends (also on errors).
+    let work = tempfile::Builder::new()
+        .prefix("statebox-test-")
+        .tempdir()
+        .context("cannot create a temporary directory")?;
+    let failures = run_steps(&scenario, &base, &runtime, work.path(), args.json)?;
     if failures > 0 {
         bail!(
             "{failures} of {} steps failed in {}",
@@ -340,15 +342,6 @@ fn multiset(rows: &[Value]) -> BTreeMap<String, usize> {
     m
 }
 
-fn tempdir() -> anyhow::Result<PathBuf> {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos();
-    let dir = std::env::temp_dir().join(format!("statebox-test-{}-{nanos}", std::process::id()));
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    Ok(dir)
-}
 
 #[cfg(test)]
 mod tests {
