@@ -12,5 +12,6 @@ mod restart;
 mod sandbox;
 mod scenarios;
 mod state_ops;
+mod state_reader;
 mod trigger;
 mod upgrade;

@@ -342,7 +342,6 @@ fn multiset(rows: &[Value]) -> BTreeMap<String, usize> {
     m
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,10 @@ use crate::engine::{KvEngine, WriteBatch, WriteOp};
 use crate::mem::MemEngine;
 use crate::rocks::RocksEngine;
 use crate::txn::PartitionTxn;
-use crate::{Partition, Result, StoreError, VarId, keys};
+use crate::{Partition, Result, StoreError, StoredValue, VarId, keys};
+
+/// A per-variable scan's callback: `(grouping key, key suffix, value)`.
+type VarScanFn<'a> = dyn FnMut(&[u8], &[u8], StoredValue) -> Result<bool> + 'a;
 
 /// Name of the database subdirectory inside a checkpoint directory; the engine keeps its own
 /// files next to it.
@@ -99,6 +102,82 @@ impl Checkpoint {
             Ok(true)
         })?;
         Ok(out)
+    }
+
+    /// Calls `f` with every metadata blob whose name starts with `prefix`, ascending by
+    /// name, until `f` returns `false`; unlike [`scan_meta`](Self::scan_meta) it holds one
+    /// blob at a time.
+    pub fn for_each_meta(
+        &self,
+        prefix: &str,
+        mut f: impl FnMut(&str, &[u8]) -> Result<bool>,
+    ) -> Result<()> {
+        let (start, end) = keys::meta_range(prefix);
+        self.engine
+            .scan(&start, &end, &mut |k, v| f(keys::decode_meta_key(k)?, v))
+    }
+
+    /// Calls `f` with every committed value of value variable `var` as `(grouping key,
+    /// value)`, ascending by grouping key bytes, until `f` returns `false`. Expired values not
+    /// yet removed by TTL cleanup are included. Memory use is bounded (one entry at a time).
+    pub fn scan_values(
+        &self,
+        var: VarId,
+        mut f: impl FnMut(&[u8], StoredValue) -> Result<bool>,
+    ) -> Result<()> {
+        self.scan_var(keys::VALUE, var, &mut |key, suffix, value| {
+            if !suffix.is_empty() {
+                return Err(StoreError::Corrupt("malformed value state key".into()));
+            }
+            f(key, value)
+        })
+    }
+
+    /// Calls `f` with every committed element of list variable `var` as `(grouping key,
+    /// sequence, element)`, grouped by grouping key and in list order within a key, until
+    /// `f` returns `false`. Expired elements not yet removed are included.
+    pub fn scan_list(
+        &self,
+        var: VarId,
+        mut f: impl FnMut(&[u8], u64, StoredValue) -> Result<bool>,
+    ) -> Result<()> {
+        self.scan_var(keys::LIST, var, &mut |key, suffix, value| {
+            let seq = <[u8; keys::SEQ_LEN]>::try_from(suffix)
+                .map_err(|_| StoreError::Corrupt("malformed list element key".into()))?;
+            f(key, u64::from_be_bytes(seq), value)
+        })
+    }
+
+    /// Calls `f` with every committed entry of map variable `var` as `(grouping key, user
+    /// key, value)`, grouped by grouping key and ascending by user key bytes within a key,
+    /// until `f` returns `false`. Expired entries not yet removed are included.
+    pub fn scan_map(
+        &self,
+        var: VarId,
+        mut f: impl FnMut(&[u8], &[u8], StoredValue) -> Result<bool>,
+    ) -> Result<()> {
+        self.scan_var(keys::MAP, var, &mut |key, user_key, value| {
+            f(key, user_key, value)
+        })
+    }
+
+    /// Calls `f` with every committed timer as `(grouping key, timestamp)`, grouped by
+    /// grouping key and ascending by time within a key, until `f` returns `false`.
+    pub fn scan_timers(&self, mut f: impl FnMut(&[u8], i64) -> Result<bool>) -> Result<()> {
+        let (start, end) = keys::timers_by_key_range();
+        self.engine.scan(&start, &end, &mut |k, _| {
+            let (key, ts) = keys::decode_timer_key(k)?;
+            f(key, ts)
+        })
+    }
+
+    /// Scans one variable's entries in namespace `ns`: `(grouping key, suffix, value)`.
+    fn scan_var(&self, ns: u8, var: VarId, f: &mut VarScanFn<'_>) -> Result<()> {
+        let (start, end) = keys::var_range(ns, var);
+        self.engine.scan(&start, &end, &mut |k, v| {
+            let (_, key, suffix) = keys::decode_var_key(ns, k)?;
+            f(key, suffix, StoredValue::decode(v)?)
+        })
     }
 
     /// Durably (fsynced) writes one metadata blob outside any batch, e.g. the batch plan

@@ -728,6 +728,150 @@ fn commit_applies_several_partitions_atomically(mut fx: Fixture) {
     assert!(fx.cp().get_meta("commit/0").unwrap().is_some());
 }
 
+// ---- Committed-state scans (the state reader) ----
+
+fn committed_state_scans_enumerate_each_variable(mut fx: Fixture) {
+    let mut a = fx.cp().txn(0);
+    a.value_put(1, b"k2", v("2")).unwrap();
+    a.value_put(1, b"k1", vt("1", 50)).unwrap();
+    a.value_put(2, b"k1", v("other var")).unwrap();
+    a.list_append(3, b"k1", numbered(0..3)).unwrap();
+    a.map_put(4, b"k1", b"\"b\"", v("B")).unwrap();
+    a.map_put(4, b"k1", b"\"a\"", vt("A", 7)).unwrap();
+    a.timer_register(b"k1", 20).unwrap();
+    a.timer_register(b"k1", -3).unwrap();
+    let mut b = fx.cp().txn(1);
+    b.list_append(3, b"k0", numbered(5..6)).unwrap();
+    b.map_put(4, b"k0", b"", v("empty")).unwrap();
+    b.timer_register(b"k0", 99).unwrap();
+    // Uncommitted writes are not scanned.
+    let mut pending = fx.cp().txn(2);
+    pending.value_put(1, b"k9", v("9")).unwrap();
+    fx.commit(vec![a, b]);
+    drop(pending);
+    fx.reopen();
+    let mut values = Vec::new();
+    fx.cp()
+        .scan_values(1, |k, value| {
+            values.push((k.to_vec(), value));
+            Ok(true)
+        })
+        .unwrap();
+    assert_eq!(
+        values,
+        [(b"k1".to_vec(), vt("1", 50)), (b"k2".to_vec(), v("2"))]
+    );
+    let mut list = Vec::new();
+    fx.cp()
+        .scan_list(3, |k, seq, value| {
+            list.push((k.to_vec(), seq, value.payload));
+            Ok(true)
+        })
+        .unwrap();
+    let keys: Vec<_> = list.iter().map(|(k, _, _)| k.as_slice()).collect();
+    assert_eq!(keys, [&b"k0"[..], b"k1", b"k1", b"k1"]);
+    let payloads: Vec<_> = list.iter().map(|(_, _, p)| p.clone()).collect();
+    let expected: Vec<Vec<u8>> = ["5", "0", "1", "2"]
+        .iter()
+        .map(|p| p.as_bytes().to_vec())
+        .collect();
+    assert_eq!(payloads, expected);
+    assert!(list[1].1 < list[2].1 && list[2].1 < list[3].1);
+    let mut map = Vec::new();
+    fx.cp()
+        .scan_map(4, |k, uk, value| {
+            map.push((k.to_vec(), uk.to_vec(), value));
+            Ok(true)
+        })
+        .unwrap();
+    assert_eq!(
+        map,
+        [
+            (b"k0".to_vec(), Vec::new(), v("empty")),
+            (b"k1".to_vec(), b"\"a\"".to_vec(), vt("A", 7)),
+            (b"k1".to_vec(), b"\"b\"".to_vec(), v("B")),
+        ]
+    );
+    let mut timers = Vec::new();
+    fx.cp()
+        .scan_timers(|k, ts| {
+            timers.push((k.to_vec(), ts));
+            Ok(true)
+        })
+        .unwrap();
+    assert_eq!(
+        timers,
+        [
+            (b"k0".to_vec(), 99),
+            (b"k1".to_vec(), -3),
+            (b"k1".to_vec(), 20)
+        ]
+    );
+    // A scan stops when the callback says so, and an unknown variable scans nothing.
+    let mut seen = 0;
+    fx.cp()
+        .scan_list(3, |_, _, _| {
+            seen += 1;
+            Ok(seen < 2)
+        })
+        .unwrap();
+    assert_eq!(seen, 2);
+    fx.cp()
+        .scan_values(77, |_, _| panic!("variable 77 has no values"))
+        .unwrap();
+}
+
+fn committed_state_scans_page_through_large_variables(fx: Fixture) {
+    let mut txn = fx.cp().txn(0);
+    for i in 0..2_000u32 {
+        txn.value_put(1, &i.to_be_bytes(), v(&i.to_string()))
+            .unwrap();
+    }
+    fx.commit(vec![txn]);
+    let mut next = 0u32;
+    fx.cp()
+        .scan_values(1, |k, value| {
+            assert_eq!(k, next.to_be_bytes());
+            assert_eq!(value, v(&next.to_string()));
+            next += 1;
+            Ok(true)
+        })
+        .unwrap();
+    assert_eq!(next, 2_000);
+}
+
+fn committed_state_scans_report_corrupt_bytes(fx: Fixture) {
+    let mut batch = WriteBatch::new();
+    batch.put(keys::value_key(1, b"k"), b"not a stored value".to_vec());
+    batch.put(
+        keys::list_element_key(2, b"k", 0)[..12].to_vec(),
+        v("x").encode(),
+    );
+    fx.cp().engine().write(batch).unwrap();
+    let err = fx.cp().scan_values(1, |_, _| Ok(true)).unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt(_)), "{err}");
+    let err = fx.cp().scan_list(2, |_, _, _| Ok(true)).unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt(_)), "{err}");
+}
+
+fn metadata_is_visited_one_blob_at_a_time(fx: Fixture) {
+    for i in 0..5 {
+        fx.cp()
+            .put_meta_sync(&format!("commit/{i:020}"), i.to_string().as_bytes())
+            .unwrap();
+    }
+    fx.cp().put_meta_sync("commits", b"not a commit").unwrap();
+    let mut names = Vec::new();
+    fx.cp()
+        .for_each_meta("commit/", |name, value| {
+            names.push((name.to_owned(), value.to_vec()));
+            Ok(names.len() < 3)
+        })
+        .unwrap();
+    assert_eq!(names.len(), 3);
+    assert_eq!(names[2], (format!("commit/{:020}", 2), b"2".to_vec()));
+}
+
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
         mod mem {
@@ -760,6 +904,10 @@ conformance!(
     ttl_cleanup_handles_more_than_one_chunk,
     drop_vars_removes_every_key_of_those_variables,
     commit_applies_several_partitions_atomically,
+    committed_state_scans_enumerate_each_variable,
+    committed_state_scans_page_through_large_variables,
+    committed_state_scans_report_corrupt_bytes,
+    metadata_is_visited_one_blob_at_a_time,
 );
 
 #[test]

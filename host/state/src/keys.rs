@@ -252,6 +252,47 @@ pub fn decode_list_seq(k: &[u8]) -> Result<u64> {
     }
 }
 
+/// Splits a key of namespace `ns` laid out as `[ns][var u32][keylen u32][key][suffix]` into
+/// `(var, grouping key, suffix)`; the suffix is empty for a value, the sequence of a list
+/// element, the user key of a map entry.
+pub fn decode_var_key(ns: u8, k: &[u8]) -> Result<(VarId, &[u8], &[u8])> {
+    let malformed = || StoreError::Corrupt(format!("malformed state key in namespace {ns:#04x}"));
+    let (&found, rest) = k.split_first().ok_or_else(malformed)?;
+    if found != ns {
+        return Err(malformed());
+    }
+    let (var, rest) = rest.split_first_chunk::<4>().ok_or_else(malformed)?;
+    let (len, rest) = rest.split_first_chunk::<4>().ok_or_else(malformed)?;
+    let len = usize::try_from(u32::from_be_bytes(*len)).map_err(|_| malformed())?;
+    if rest.len() < len {
+        return Err(malformed());
+    }
+    let (key, suffix) = rest.split_at(len);
+    Ok((VarId::from_be_bytes(*var), key, suffix))
+}
+
+/// Splits a by-key timer key (`[0x06][keylen u32][key][ts i64]`) into `(grouping key, ts)`.
+pub fn decode_timer_key(k: &[u8]) -> Result<(&[u8], i64)> {
+    let malformed = || StoreError::Corrupt("malformed timer key".into());
+    let rest = match k.split_first() {
+        Some((&TIMER_BY_KEY, rest)) => rest,
+        _ => return Err(malformed()),
+    };
+    let (len, rest) = rest.split_first_chunk::<4>().ok_or_else(malformed)?;
+    let len = usize::try_from(u32::from_be_bytes(*len)).map_err(|_| malformed())?;
+    if rest.len() != len + TS_LEN {
+        return Err(malformed());
+    }
+    let (key, ts) = rest.split_at(len);
+    let ts = <[u8; 8]>::try_from(ts).map_err(|_| malformed())?;
+    Ok((key, decode_i64(ts)))
+}
+
+/// The range of every grouping key's timers in the by-key index.
+pub fn timers_by_key_range() -> (Vec<u8>, Vec<u8>) {
+    prefix_range(vec![TIMER_BY_KEY])
+}
+
 /// The key of a metadata blob.
 pub fn meta_key(name: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(1 + name.len());
@@ -509,6 +550,52 @@ mod tests {
             var_key_prefix(MAP, 3, b"key")[..8].to_vec(),
         ] {
             assert!(split_state_key(&bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn var_keys_decode_into_var_key_and_suffix() {
+        assert_eq!(
+            decode_var_key(VALUE, &value_key(7, b"[\"u1\"]")).unwrap(),
+            (7, &b"[\"u1\"]"[..], &b""[..])
+        );
+        let k = list_element_key(u32::MAX, b"", 258);
+        let (var, key, seq) = decode_var_key(LIST, &k).unwrap();
+        assert_eq!((var, key), (u32::MAX, &b""[..]));
+        assert_eq!(seq, 258u64.to_be_bytes());
+        assert_eq!(
+            decode_var_key(MAP, &map_entry_key(2, b"k\0", b"\"uk\"")).unwrap(),
+            (2, &b"k\0"[..], &b"\"uk\""[..])
+        );
+        for bad in [
+            vec![],
+            vec![VALUE],
+            vec![VALUE, 0, 0, 0, 1, 0, 0, 0],
+            vec![VALUE, 0, 0, 0, 1, 0, 0, 0, 5, b'a'],
+            map_entry_key(2, b"k", b"u"),
+        ] {
+            assert!(decode_var_key(VALUE, &bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn timers_by_key_decode_into_key_and_time() {
+        let (s, e) = timers_by_key_range();
+        for t in TIMES {
+            for key in [&b""[..], b"[\"a\"]", b"\xff"] {
+                let k = timer_by_key(key, t);
+                assert!(s <= k && k < e);
+                assert_eq!(decode_timer_key(&k).unwrap(), (key, t));
+            }
+        }
+        assert!(timer_by_time(0, 0, b"") >= e);
+        for bad in [
+            vec![],
+            timer_key_prefix(b"k"),
+            [timer_by_key(b"k", 1).as_slice(), b"x"].concat(),
+            value_key(1, b"k"),
+        ] {
+            assert!(decode_timer_key(&bad).is_err(), "{bad:?}");
         }
     }
 

@@ -1,0 +1,321 @@
+//! `statebox state`: reading a checkpoint's committed state, timers, metadata and progress
+//! with the CLI, after runs of real processors and while a run holds the checkpoint.
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use statebox_tests::{Scratch, component_cache, guests, parse_jsonl, statebox_bin};
+
+const DEDUP_TTL: &str = env!("STATEBOX_GUEST_DEDUP_TTL");
+const HEARTBEAT: &str = env!("STATEBOX_GUEST_HEARTBEAT_MONITOR");
+
+/// Runs `statebox state <args>` on the scratch checkpoint.
+fn state(scratch: &Scratch, args: &[&str]) -> Output {
+    Command::new(statebox_bin())
+        .arg("state")
+        .arg(args[0])
+        .arg("--checkpoint")
+        .arg(scratch.checkpoint())
+        .args(&args[1..])
+        .env("STATEBOX_CACHE_DIR", component_cache())
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn statebox state")
+}
+
+/// Runs `statebox state <args>`, expecting success, and returns standard output.
+#[track_caller]
+fn state_ok(scratch: &Scratch, args: &[&str]) -> String {
+    let out = state(scratch, args);
+    assert!(
+        out.status.success(),
+        "statebox state {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8 output")
+}
+
+/// Runs `statebox state <args>`, expecting a clean failure, and returns standard error.
+#[track_caller]
+fn state_err(scratch: &Scratch, args: &[&str]) -> String {
+    let out = state(scratch, args);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "statebox state {args:?} should fail"
+    );
+    String::from_utf8(out.stderr).expect("UTF-8 errors")
+}
+
+fn rows(scratch: &Scratch, args: &[&str]) -> Vec<Value> {
+    parse_jsonl(state_ok(scratch, args).as_bytes())
+}
+
+/// `partition_of(["u1"], 4)`, pinned by the engine's partitioning test.
+const U1_PARTITION: u64 = 3;
+
+/// Counter over two batches: value, list and map state in every read mode and format.
+#[test]
+fn counter_state_reads_in_every_mode() {
+    let scratch = Scratch::new();
+    scratch.write_rows(
+        "a.jsonl",
+        &[json!({"k": "u1"}), json!({"k": "u1"}), json!({"k": "u2"})],
+    );
+    scratch.run_cmd(guests::COUNTER, "k").run().expect_ok();
+    scratch.write_rows("b.jsonl", &[json!({"k": "u1"})]);
+    scratch.run_cmd(guests::COUNTER, "k").run().expect_ok();
+
+    let count = rows(&scratch, &["read", "--var", "count"]);
+    assert_eq!(count.len(), 2);
+    assert_eq!(
+        count[0],
+        json!({"key": {"k": "u1"}, "value": 3, "partition_id": U1_PARTITION})
+    );
+    assert_eq!(count[1]["key"], json!({"k": "u2"}));
+    assert_eq!(count[1]["value"], 1);
+    let p2 = count[1]["partition_id"].as_u64().unwrap();
+    assert!(p2 < 4);
+
+    let list = rows(&scratch, &["read", "--var", "batchCounts"]);
+    let u1: Vec<&Value> = list
+        .iter()
+        .filter(|r| r["key"]["k"] == "u1")
+        .map(|r| &r["list_element"])
+        .collect();
+    assert_eq!(u1, [&json!(2), &json!(1)]);
+    assert_eq!(list.len(), 3);
+    assert_eq!(
+        rows(&scratch, &["read", "--var", "batchCounts", "--no-flatten"]),
+        [
+            json!({"key": {"k": "u1"}, "list_value": [2, 1], "partition_id": U1_PARTITION}),
+            json!({"key": {"k": "u2"}, "list_value": [1], "partition_id": p2}),
+        ]
+    );
+
+    assert_eq!(
+        rows(&scratch, &["read", "--var", "stats"])[0],
+        json!({"key": {"k": "u1"}, "user_map_key": {"name": "calls"},
+               "user_map_value": {"count": 2}, "partition_id": U1_PARTITION})
+    );
+    assert_eq!(
+        rows(&scratch, &["read", "--var", "stats", "--no-flatten"])[1],
+        json!({"key": {"k": "u2"}, "map_value": {"{\"name\":\"calls\"}": {"count": 1}},
+               "partition_id": p2})
+    );
+
+    let csv = state_ok(&scratch, &["read", "--var", "count", "--format", "csv"]);
+    assert_eq!(
+        csv,
+        format!(
+            "key,value,partition_id\n\"{{\"\"k\"\":\"\"u1\"\"}}\",3,{U1_PARTITION}\n\"{{\"\"k\"\":\"\"u2\"\"}}\",1,{p2}\n"
+        )
+    );
+    let table = state_ok(&scratch, &["read", "--var", "count", "--format", "table"]);
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 4, "{table}");
+    assert!(
+        lines[0].starts_with("key") && lines[0].ends_with("partition_id"),
+        "{table}"
+    );
+    assert!(lines[2].contains("3"), "{table}");
+
+    // Only the latest batch can be read for now; other batch ids are refused, not faked.
+    assert_eq!(
+        rows(&scratch, &["read", "--var", "count", "--batch-id", "1"]),
+        count
+    );
+    let err = state_err(&scratch, &["read", "--var", "count", "--batch-id", "0"]);
+    assert!(err.contains("time travel is not available yet"), "{err}");
+    assert!(err.contains("latest committed batch (1)"), "{err}");
+
+    let err = state_err(&scratch, &["read", "--var", "counts"]);
+    assert!(err.contains("unknown state variable `counts`"), "{err}");
+    assert!(err.contains("`batchCounts`, `count`, `stats`"), "{err}");
+    let err = state_err(&scratch, &["read", "--timers"]);
+    assert!(err.contains("time mode `none`"), "{err}");
+
+    let meta: Value = serde_json::from_str(&state_ok(&scratch, &["metadata"])).unwrap();
+    assert_eq!(meta["operator_id"], 0);
+    assert_eq!(meta["operator_name"], "counter");
+    assert_eq!(meta["num_partitions"], 4);
+    assert_eq!(
+        (meta["min_batch_id"].clone(), meta["max_batch_id"].clone()),
+        (json!(0), json!(1))
+    );
+    assert_eq!(meta["time_mode"], "none");
+    assert_eq!(meta["output_mode"], "update");
+    assert_eq!(meta["key_columns"], json!(["k"]));
+    let vars = meta["variables"].as_array().unwrap();
+    let kinds: Vec<(&str, &str)> = vars
+        .iter()
+        .map(|v| (v["name"].as_str().unwrap(), v["kind"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("batchCounts", "list"),
+            ("count", "value"),
+            ("stats", "map")
+        ]
+    );
+    let stats = &vars[2];
+    assert_eq!(stats["ttl_enabled"], false);
+    assert!(
+        stats["key_schema"].as_str().unwrap().contains("name"),
+        "{stats}"
+    );
+    assert_eq!(stats["value_schema_history"].as_array().unwrap().len(), 1);
+
+    let progress = rows(&scratch, &["progress"]);
+    let batches: Vec<&Value> = progress.iter().map(|p| &p["batch_id"]).collect();
+    assert_eq!(batches, [&json!(0), &json!(1)]);
+    assert_eq!(
+        (
+            progress[0]["input_rows"].clone(),
+            progress[1]["input_rows"].clone()
+        ),
+        (json!(3), json!(1))
+    );
+    assert_eq!(rows(&scratch, &["progress", "--last", "1"]).len(), 1);
+}
+
+/// Session tracker: a map keyed by session id next to a struct value.
+#[test]
+fn session_tracker_maps_read_per_entry_and_per_key() {
+    let scratch = Scratch::new();
+    scratch.write_rows(
+        "a.jsonl",
+        &[
+            json!({"user_id": "u1", "session_id": "s1"}),
+            json!({"user_id": "u1", "session_id": "s2"}),
+            json!({"user_id": "u1", "session_id": "s1"}),
+        ],
+    );
+    scratch
+        .run_cmd(guests::SESSION_TRACKER, "user_id")
+        .run()
+        .expect_ok();
+    let entries: Vec<(Value, Value)> = rows(&scratch, &["read", "--var", "sessions"])
+        .into_iter()
+        .map(|r| (r["user_map_key"].clone(), r["user_map_value"].clone()))
+        .collect();
+    assert_eq!(entries, [(json!("s1"), json!(2)), (json!("s2"), json!(1))]);
+    assert_eq!(
+        rows(&scratch, &["read", "--var", "sessions", "--no-flatten"]),
+        [
+            json!({"key": {"user_id": "u1"}, "map_value": {"s1": 2, "s2": 1}, "partition_id": U1_PARTITION})
+        ]
+    );
+    assert_eq!(
+        rows(&scratch, &["read", "--var", "totals"])[0]["value"],
+        json!({"distinct_sessions": 2, "total_events": 3})
+    );
+}
+
+/// Dedup with a TTL'd map: rows show each entry's expiry (first sighting + 60 s).
+#[test]
+fn ttl_state_shows_its_expiry() {
+    let scratch = Scratch::new();
+    scratch.write_rows("a.jsonl", &[json!({"id": "e1"}), json!({"id": "e2"})]);
+    scratch
+        .run_cmd(DEDUP_TTL, "id")
+        .args(["--time-mode", "processing-time"])
+        .run()
+        .expect_ok();
+    let seen = rows(&scratch, &["read", "--var", "seen"]);
+    assert_eq!(seen.len(), 2);
+    for row in &seen {
+        let first_seen = row["user_map_value"].as_i64().unwrap();
+        assert_eq!(
+            row["ttl_expiration_ms"],
+            json!(first_seen + 60_000),
+            "{row}"
+        );
+        assert_eq!(row["user_map_key"], row["key"]["id"], "{row}");
+    }
+    let meta: Value = serde_json::from_str(&state_ok(&scratch, &["metadata"])).unwrap();
+    let var = &meta["variables"][0];
+    assert_eq!(
+        (var["ttl_enabled"].clone(), var["ttl_duration_ms"].clone()),
+        (json!(true), json!(60_000))
+    );
+    assert_eq!(meta["time_mode"], "processing-time");
+}
+
+/// Polls until `f` returns something, or panics after 20 s.
+fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(t) = f() {
+            return t;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "waited 20 s for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Sends SIGINT (Ctrl-C) and waits for a clean exit.
+fn interrupt(mut child: Child) {
+    let status = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success());
+    let status = wait_for("statebox to stop", || child.try_wait().expect("wait"));
+    assert_eq!(status.code(), Some(0), "statebox did not stop cleanly");
+}
+
+/// Heartbeat monitor, read while an interval-triggered run holds the checkpoint: timers and
+/// state are readable, and the run goes on committing afterwards.
+#[test]
+fn timers_and_state_read_while_a_run_holds_the_checkpoint() {
+    let scratch = Scratch::new();
+    scratch.write_rows(
+        "a.jsonl",
+        &[json!({"sensor": "s1"}), json!({"sensor": "s2"})],
+    );
+    let child = scratch
+        .run_cmd(HEARTBEAT, "sensor")
+        .args([
+            "--time-mode",
+            "processing-time",
+            "--trigger",
+            "interval=100ms",
+        ])
+        .command()
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn statebox");
+    wait_for("the first batch's output", || {
+        (scratch.output_rows().len() >= 2).then_some(())
+    });
+    let timers = rows(&scratch, &["read", "--timers"]);
+    assert_eq!(timers.len(), 2, "{timers:?}");
+    let status = rows(&scratch, &["read", "--var", "status"]);
+    for (timer, status) in timers.iter().zip(&status) {
+        assert_eq!(timer["key"], status["key"]);
+        assert_eq!(timer["partition_id"], status["partition_id"]);
+        assert_eq!(status["value"], "up");
+    }
+    let deadlines = rows(&scratch, &["read", "--var", "deadline"]);
+    for (timer, deadline) in timers.iter().zip(&deadlines) {
+        assert_eq!(timer["expiration_timestamp_ms"], deadline["value"]);
+    }
+    // The run keeps committing (no-data batches) while and after it is read.
+    let before = rows(&scratch, &["progress", "--last", "1"])[0]["batch_id"]
+        .as_u64()
+        .unwrap();
+    wait_for("another committed batch", || {
+        let last = rows(&scratch, &["progress", "--last", "1"])[0]["batch_id"].as_u64()?;
+        (last > before).then_some(())
+    });
+    interrupt(child);
+    let meta: Value = serde_json::from_str(&state_ok(&scratch, &["metadata"])).unwrap();
+    assert!(meta["max_batch_id"].as_u64().unwrap() > before);
+}
