@@ -319,3 +319,45 @@ fn timers_and_state_read_while_a_run_holds_the_checkpoint() {
     let meta: Value = serde_json::from_str(&state_ok(&scratch, &["metadata"])).unwrap();
     assert!(meta["max_batch_id"].as_u64().unwrap() > before);
 }
+
+/// `statebox run --progress-json` prints each batch's commit record, the same records
+/// `statebox state progress` reads back.
+#[test]
+fn run_prints_progress_as_json_lines() {
+    let scratch = Scratch::new();
+    scratch.write_rows("a.jsonl", &[json!({"k": "u1"}), json!({"k": "u2"})]);
+    scratch.write_rows("b.jsonl", &[json!({"k": "u1"})]);
+    let out = scratch
+        .run_cmd(guests::COUNTER, "k")
+        .args(["--progress-json"])
+        .command()
+        .output()
+        .expect("run statebox");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON progress line"))
+        .collect();
+    let input_rows: Vec<&Value> = printed.iter().map(|p| &p["input_rows"]).collect();
+    assert_eq!(input_rows, [&json!(2), &json!(1)]);
+    // The stored record estimates the commit's own duration before writing it; every
+    // other field is the same.
+    let counts = |records: &[Value]| -> Vec<(Value, Value, Value)> {
+        records
+            .iter()
+            .map(|r| {
+                (
+                    r["batch_id"].clone(),
+                    r["input_rows"].clone(),
+                    r["output_bytes"].clone(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(counts(&printed), counts(&rows(&scratch, &["progress"])));
+}

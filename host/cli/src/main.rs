@@ -101,6 +101,9 @@ struct RunArgs {
     /// applied in the first batch of a new checkpoint only.
     #[arg(long)]
     initial_state: Option<PathBuf>,
+    /// Print each batch's commit record (its progress report) as a JSON line on stdout.
+    #[arg(long)]
+    progress_json: bool,
     /// `available-now` (process what exists, then exit) or `interval=DURATION` (keep
     /// running, one batch per interval, including no-data batches; Ctrl-C stops cleanly).
     #[arg(long, default_value = "available-now", value_parser = parse_trigger)]
@@ -268,8 +271,15 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         initial_state: args.initial_state,
     };
     let mut query = Query::open(opts, Arc::new(processor))?;
+    let progress_json = args.progress_json;
     let report = |r: &statebox_engine::BatchReport| {
         let c = &r.commit;
+        if progress_json {
+            println!(
+                "{}",
+                serde_json::to_string(c).expect("a commit record serialises")
+            );
+        }
         eprintln!(
             "batch {}: {} rows, {} keys, {} output rows, {} late, {} timers fired, {} expired by TTL, \
              watermark {} in {} ms (read {} ms, process {} ms, commit {} ms)",
