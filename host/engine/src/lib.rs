@@ -380,10 +380,16 @@ impl Query {
     /// Runs one planned batch and commits it. On failure nothing is committed, the plan is
     /// withdrawn (so fixed input is re-planned on the next run) and poisoned instances are
     /// dropped.
-    pub fn run_batch(&mut self, plan: &BatchPlan) -> Result<BatchReport, EngineError> {
+    fn run_batch(&mut self, plan: &BatchPlan) -> Result<BatchReport, EngineError> {
         match self.try_run_batch(plan) {
             Ok(report) => Ok(report),
             Err(e) => {
+                // Output appended before a failed commit must not survive into the next
+                // batch's committed length.
+                let committed = self.head.as_ref().map_or(0, |h| h.output_bytes);
+                if let Err(io) = self.sink.rollback(committed) {
+                    tracing::warn!(error = %io, "could not roll the output back");
+                }
                 let withdraw = Commit {
                     drop_vars: Vec::new(),
                     txns: Vec::new(),

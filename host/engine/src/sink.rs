@@ -52,6 +52,25 @@ impl Sink {
         })
     }
 
+    /// Cuts the file back to `len` bytes (the committed length) after a batch failed.
+    pub fn rollback(&mut self, len: u64) -> Result<(), EngineError> {
+        let io = |e: std::io::Error| {
+            EngineError::Io(format!(
+                "cannot truncate output {}: {e}",
+                self.path.display()
+            ))
+        };
+        // The file, not `self.len`, is the truth: a failed append may have written part.
+        if self.file.metadata().map_err(io)?.len() == len {
+            self.len = len;
+            return Ok(());
+        }
+        self.file.set_len(len).map_err(io)?;
+        self.file.sync_all().map_err(io)?;
+        self.len = len;
+        Ok(())
+    }
+
     /// Appends a batch's output durably and returns the new length.
     pub fn append(&mut self, bytes: &[u8]) -> Result<u64, EngineError> {
         if bytes.is_empty() {
@@ -64,5 +83,32 @@ impl Sink {
         self.file.sync_data().map_err(io)?;
         self.len += bytes.len() as u64;
         Ok(self.len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rollback_cuts_uncommitted_output_and_appends_continue_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.jsonl");
+        let mut sink = Sink::open(&path, 0).unwrap();
+        assert_eq!(sink.append(b"{\"a\":1}\n").unwrap(), 8);
+        assert_eq!(sink.append(b"{\"uncommitted\":1}\n").unwrap(), 26);
+        sink.rollback(8).unwrap();
+        assert_eq!(sink.append(b"{\"b\":2}\n").unwrap(), 16);
+        assert_eq!(std::fs::read(&path).unwrap(), b"{\"a\":1}\n{\"b\":2}\n");
+    }
+
+    #[test]
+    fn opening_truncates_to_the_committed_length_and_refuses_a_shorter_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.jsonl");
+        std::fs::write(&path, b"{\"a\":1}\n{\"partial\"").unwrap();
+        Sink::open(&path, 8).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"{\"a\":1}\n");
+        assert!(matches!(Sink::open(&path, 100), Err(EngineError::Io(_))));
     }
 }
