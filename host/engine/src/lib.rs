@@ -448,14 +448,9 @@ impl Query {
         )?;
         let input_rows = stats.rows;
         let initial = self.read_initial_state(plan)?;
-        let initial_buffers = initial
-            .iter()
-            .map(|(_, text)| text.as_str())
-            .collect::<Vec<_>>();
         let initial_texts: Vec<input::Text<'_>> = initial
             .iter()
-            .zip(&initial_buffers)
-            .map(|((range, _), text)| input::Text {
+            .map(|(range, text)| input::Text {
                 text,
                 range,
                 file_name: range.file.clone(),
@@ -503,7 +498,7 @@ impl Query {
         }
         let output_bytes = self.sink.append(&output)?;
 
-        let commit = CommitRecord {
+        let mut commit = CommitRecord {
             batch_id: plan.batch_id,
             timestamp_ms: plan.timestamp_ms,
             watermark_ms: plan.watermark_ms,
@@ -529,14 +524,12 @@ impl Query {
             },
         };
         let (drop_vars, catalog_json) = {
-            let mut catalog = self.catalog.lock().expect("catalog lock poisoned");
-            let dirty = catalog.is_dirty();
-            let drops = catalog.take_changes();
-            (drops, dirty.then(|| catalog.to_json()))
+            let catalog = self.catalog.lock().expect("catalog lock poisoned");
+            let drops = catalog.pending_drops().to_vec();
+            (drops, catalog.is_dirty().then(|| catalog.to_json()))
         };
         // The record is written inside the commit, so the commit's own duration is
         // estimated up to this point; the report returned below has the full figure.
-        let mut commit = commit;
         commit.duration_ms = started.elapsed().as_millis() as u64;
         commit.commit_ms = commit.duration_ms - read_ms - process_ms;
         let record = serde_json::to_vec(&commit).expect("serialises");
@@ -559,6 +552,12 @@ impl Query {
             txns,
             meta: meta_writes,
         })?;
+        // Only now are the catalog's changes durable; a failed commit leaves them pending
+        // for the next batch.
+        self.catalog
+            .lock()
+            .expect("catalog lock poisoned")
+            .take_changes();
         for (file, p) in new_progress {
             self.progress.insert(file, p);
         }

@@ -147,8 +147,13 @@ impl Catalog {
         self.dirty
     }
 
-    /// Returns the variables dropped since the last call and clears the dirty flag. The
-    /// caller commits the drops and the serialised catalog together.
+    /// Variables dropped by `delete-if-exists` whose data is not yet deleted by a commit.
+    pub fn pending_drops(&self) -> &[VarId] {
+        &self.dropped
+    }
+
+    /// Marks the pending changes committed: returns the dropped variables and clears the
+    /// dirty flag. Call it once the drops and the serialised catalog are durable.
     pub fn take_changes(&mut self) -> Vec<VarId> {
         self.dirty = false;
         std::mem::take(&mut self.dropped)
