@@ -16,12 +16,25 @@ pub(crate) fn decode_rows<I: DeserializeOwned>(rows: &[impl AsRef<str>]) -> Resu
                 let index = u32::try_from(index).unwrap_or(u32::MAX);
                 return Err(Error::new(
                     ErrorKind::BadInputRow { index },
-                    err.to_string(),
+                    describe_row_error::<I>(row.as_ref(), err),
                 ));
             }
         }
     }
     Ok(decoded)
+}
+
+/// Explains why a row did not decode, naming the column when the error is inside one. The
+/// row is decoded a second time, tracking the path, only on this error path, so decoding
+/// good rows pays nothing for it.
+fn describe_row_error<I: DeserializeOwned>(row: &str, err: serde_json::Error) -> String {
+    let mut de = serde_json::Deserializer::from_str(row);
+    match serde_path_to_error::deserialize::<_, I>(&mut de) {
+        Err(e) if !e.path().to_string().is_empty() && e.path().to_string() != "." => {
+            format!("column `{}`: {}", e.path(), e.inner())
+        }
+        _ => err.to_string(),
+    }
 }
 
 /// Decodes one initial-state row.
@@ -162,5 +175,18 @@ mod tests {
         let err = decode_rows::<Row>(&rows).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::BadInputRow { index: 1 });
         assert!(err.message().contains("invalid type"), "{err}");
+        assert!(err.message().contains("column `n`"), "{err}");
+    }
+
+    #[test]
+    fn a_null_where_a_string_belongs_names_the_column() {
+        #[derive(serde::Deserialize, Debug)]
+        struct Row {
+            #[allow(dead_code)]
+            session_id: String,
+        }
+        let err = decode_rows::<Row>(&[r#"{"session_id":null}"#]).unwrap_err();
+        assert!(err.message().contains("column `session_id`"), "{err}");
+        assert!(err.message().contains("null"), "{err}");
     }
 }
