@@ -361,3 +361,141 @@ fn run_prints_progress_as_json_lines() {
     };
     assert_eq!(counts(&printed), counts(&rows(&scratch, &["progress"])));
 }
+
+/// Counter over four CLI runs: the change feed of `count` per batch, and the error once the
+/// older change logs are past `--min-batches-to-retain`.
+#[test]
+fn change_feed_follows_batches_and_retention() {
+    let scratch = Scratch::new();
+    for (file, keys) in [
+        ("a.jsonl", &["u1", "u1", "u2"][..]),
+        ("b.jsonl", &["u1"]),
+        ("c.jsonl", &["u2"]),
+    ] {
+        let rows: Vec<Value> = keys.iter().map(|k| json!({"k": k})).collect();
+        scratch.write_rows(file, &rows);
+        scratch.run_cmd(guests::COUNTER, "k").run().expect_ok();
+    }
+    let feed = rows(&scratch, &["changes", "--var", "count", "--from", "0"]);
+    let p2 = feed
+        .iter()
+        .find(|r| r["key"]["k"] == "u2")
+        .map(|r| r["partition_id"].clone())
+        .unwrap();
+    let change = |batch: u64, k: &str, value: u64, partition: &Value| {
+        json!({"batch_id": batch, "change_type": "update", "key": {"k": k}, "value": value,
+               "partition_id": partition})
+    };
+    let u1 = json!(U1_PARTITION);
+    let mut want = vec![change(0, "u1", 2, &u1), change(0, "u2", 1, &p2)];
+    // Rows of a batch come by partition.
+    if p2.as_u64() < u1.as_u64() {
+        want.swap(0, 1);
+    }
+    want.push(change(1, "u1", 3, &u1));
+    want.push(change(2, "u2", 2, &p2));
+    assert_eq!(feed, want);
+    assert_eq!(
+        rows(
+            &scratch,
+            &["changes", "--var", "count", "--from", "1", "--to", "1"]
+        ),
+        [change(1, "u1", 3, &u1)]
+    );
+    let list = rows(
+        &scratch,
+        &["changes", "--var", "batchCounts", "--from", "2"],
+    );
+    assert_eq!(list.len(), 1, "{list:?}");
+    assert_eq!(
+        (list[0]["list_index"].clone(), list[0]["value"].clone()),
+        (json!(1), json!(1))
+    );
+    let csv = state_ok(
+        &scratch,
+        &[
+            "changes", "--var", "count", "--from", "2", "--format", "csv",
+        ],
+    );
+    assert_eq!(
+        csv.lines().next(),
+        Some("batch_id,change_type,key,value,partition_id")
+    );
+
+    scratch.write_rows("d.jsonl", &[json!({"k": "u1"})]);
+    scratch
+        .run_cmd(guests::COUNTER, "k")
+        .args(["--min-batches-to-retain", "2"])
+        .run()
+        .expect_ok();
+    let err = state_err(&scratch, &["changes", "--var", "count", "--from", "0"]);
+    assert!(
+        err.contains("retains the change logs of batches 2 to 3"),
+        "{err}"
+    );
+    assert_eq!(
+        rows(&scratch, &["changes", "--var", "count", "--from", "3"]),
+        [change(3, "u1", 4, &u1)]
+    );
+    let err = state_err(&scratch, &["changes", "--var", "counts", "--from", "3"]);
+    assert!(err.contains("unknown state variable `counts`"), "{err}");
+}
+
+/// Dedup with a TTL'd map in processing time: first sightings are updates, and TTL cleanup
+/// 60 s later shows as deletes.
+#[test]
+fn change_feed_shows_ttl_removals_as_deletes() {
+    let scratch = Scratch::new();
+    let processor = std::sync::Arc::new(
+        statebox_tests::runtime(Default::default())
+            .load_file(std::path::Path::new(DEDUP_TTL))
+            .expect("load dedup-ttl"),
+    );
+    let opts = statebox_engine::QueryOptions {
+        input: scratch.input(),
+        output: scratch.output(),
+        checkpoint: scratch.checkpoint(),
+        key_columns: vec!["id".into()],
+        partitions: None,
+        output_mode: None,
+        time_mode: Some(statebox_engine::TimeMode::ProcessingTime),
+        max_files_per_batch: 1,
+        workers: None,
+        event_time: None,
+        output_event_time_column: None,
+        initial_state: None,
+        min_batches_to_retain: statebox_engine::DEFAULT_MIN_BATCHES_TO_RETAIN,
+    };
+    scratch.write_rows("a.jsonl", &[json!({"id": "e1"}), json!({"id": "e2"})]);
+    let t0 = 1_700_000_000_000_i64;
+    let mut query = statebox_engine::Query::open(opts, processor).expect("open query");
+    query.run_next(Some(t0)).expect("batch 0").expect("input");
+    query.run_no_data(Some(t0 + 30_000)).expect("batch 1");
+    query.run_no_data(Some(t0 + 61_000)).expect("batch 2");
+    drop(query);
+
+    let feed = rows(&scratch, &["changes", "--var", "seen", "--from", "0"]);
+    let mut seen: Vec<(u64, &str, &str, Value)> = feed
+        .iter()
+        .map(|r| {
+            assert_eq!(r["user_map_key"], r["key"]["id"], "{r}");
+            (
+                r["batch_id"].as_u64().unwrap(),
+                r["change_type"].as_str().unwrap(),
+                r["user_map_key"].as_str().unwrap(),
+                r["value"].clone(),
+            )
+        })
+        .collect();
+    seen.sort_by(|a, b| (a.0, a.2).cmp(&(b.0, b.2)));
+    assert_eq!(
+        seen,
+        [
+            (0, "update", "e1", json!(t0)),
+            (0, "update", "e2", json!(t0)),
+            (2, "delete", "e1", Value::Null),
+            (2, "delete", "e2", Value::Null),
+        ]
+    );
+    assert!(rows(&scratch, &["read", "--var", "seen"]).is_empty());
+}

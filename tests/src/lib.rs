@@ -291,6 +291,7 @@ impl EngineQuery {
             event_time: None,
             output_event_time_column: None,
             initial_state: None,
+            min_batches_to_retain: statebox_engine::DEFAULT_MIN_BATCHES_TO_RETAIN,
         };
         let mut q = EngineQuery {
             scratch,

@@ -150,6 +150,7 @@ fn timed(workload: &str, plugin: &str, column: &str, args: TimeArgs) -> anyhow::
         event_time: None,
         output_event_time_column: None,
         initial_state: None,
+        min_batches_to_retain: statebox_engine::DEFAULT_MIN_BATCHES_TO_RETAIN,
     };
     let started = Instant::now();
     let mut query = Query::open(opts, Arc::new(processor))?;
@@ -226,6 +227,7 @@ fn count(args: CountArgs) -> anyhow::Result<()> {
             event_time: None,
             output_event_time_column: None,
             initial_state: None,
+            min_batches_to_retain: statebox_engine::DEFAULT_MIN_BATCHES_TO_RETAIN,
         };
         let started = Instant::now();
         let mut query = Query::open(opts, factory)?;

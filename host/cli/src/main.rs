@@ -101,6 +101,9 @@ struct RunArgs {
     /// applied in the first batch of a new checkpoint only.
     #[arg(long)]
     initial_state: Option<PathBuf>,
+    /// How many of the latest batches keep their change log (`statebox state changes`).
+    #[arg(long, default_value_t = statebox_engine::DEFAULT_MIN_BATCHES_TO_RETAIN)]
+    min_batches_to_retain: u64,
     /// Print each batch's commit record (its progress report) as a JSON line on stdout.
     #[arg(long)]
     progress_json: bool,
@@ -269,6 +272,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         }),
         output_event_time_column: args.output_event_time,
         initial_state: args.initial_state,
+        min_batches_to_retain: args.min_batches_to_retain,
     };
     let mut query = Query::open(opts, Arc::new(processor))?;
     let progress_json = args.progress_json;

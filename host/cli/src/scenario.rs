@@ -158,6 +158,7 @@ fn run_steps(
             }
             None => None,
         },
+        min_batches_to_retain: statebox_engine::DEFAULT_MIN_BATCHES_TO_RETAIN,
     };
     let open = |processor: &str| -> anyhow::Result<Query> {
         let wasm = crate::plugin::resolve(&locate(processor, base))?;

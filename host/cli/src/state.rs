@@ -14,6 +14,9 @@ use statebox_engine::{EngineError, StateReader};
 pub(crate) enum StateCommand {
     /// Print one variable's state (or the registered timers) at the latest committed batch.
     Read(ReadArgs),
+    /// Print one variable's changes (updates and deletes) per batch, from the retained
+    /// per-batch change logs.
+    Changes(ChangesArgs),
     /// Print the checkpoint's operator, partitions, batches, modes and variables (JSON).
     Metadata(CheckpointArgs),
     /// Print the last batches' progress records (JSON Lines).
@@ -50,6 +53,25 @@ pub(crate) struct ReadArgs {
 }
 
 #[derive(Args)]
+pub(crate) struct ChangesArgs {
+    /// The checkpoint directory (read-only; may be in use by a running pipeline).
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// The state variable whose changes to print.
+    #[arg(long)]
+    var: String,
+    /// The first batch whose changes to print.
+    #[arg(long)]
+    from: u64,
+    /// The last batch whose changes to print (default: the latest committed batch).
+    #[arg(long)]
+    to: Option<u64>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Jsonl)]
+    format: Format,
+}
+
+#[derive(Args)]
 pub(crate) struct ProgressArgs {
     /// The checkpoint directory (read-only; may be in use by a running pipeline).
     #[arg(long)]
@@ -76,6 +98,16 @@ pub(crate) fn run(cmd: StateCommand) -> anyhow::Result<()> {
     let mut out = BufWriter::new(stdout.lock());
     match cmd {
         StateCommand::Read(args) => read(args, &mut out)?,
+        StateCommand::Changes(args) => {
+            let reader = open(&args.checkpoint)?;
+            let mut printer = Printer::new(args.format);
+            reader.read_changes(&args.var, args.from, args.to, |row| {
+                printer
+                    .row(&mut out, row)
+                    .map_err(|e| EngineError::Io(e.to_string()))
+            })?;
+            printer.finish(&mut out)?;
+        }
         StateCommand::Metadata(args) => {
             let reader = open(&args.checkpoint)?;
             serde_json::to_writer_pretty(&mut out, &reader.metadata()?)?;
@@ -136,12 +168,15 @@ struct Printer {
 }
 
 /// Column order of csv and table output (rows are JSON objects, whose fields sort by name).
-const COLUMN_ORDER: [&str; 10] = [
+const COLUMN_ORDER: [&str; 13] = [
+    "batch_id",
+    "change_type",
     "key",
+    "list_index",
+    "user_map_key",
     "value",
     "list_element",
     "list_value",
-    "user_map_key",
     "user_map_value",
     "map_value",
     "expiration_timestamp_ms",

@@ -28,7 +28,7 @@ use std::time::Instant;
 
 use statebox_runtime::catalog::Catalog;
 use statebox_runtime::{BatchTimes, CallError, CallErrorKind};
-use statebox_state::{Checkpoint, Commit, StoreError};
+use statebox_state::{ChangelogWrite, Checkpoint, Commit, StoreError};
 
 use crate::config::meta;
 pub use crate::config::{BatchPlan, CommitRecord, FileProgress, OutputMode, QueryConfig, TimeMode};
@@ -96,7 +96,13 @@ pub struct QueryOptions {
     /// Initial state (JSON Lines file or directory), applied in the first batch of a new
     /// checkpoint only.
     pub initial_state: Option<PathBuf>,
+    /// How many of the latest batches keep their change log (at least 1; the CLI's
+    /// default is [`DEFAULT_MIN_BATCHES_TO_RETAIN`]). Older logs are removed at each commit.
+    pub min_batches_to_retain: u64,
 }
+
+/// The default of [`QueryOptions::min_batches_to_retain`].
+pub const DEFAULT_MIN_BATCHES_TO_RETAIN: u64 = 100;
 
 /// Where event time comes from and how far the watermark trails it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -146,6 +152,11 @@ impl Query {
         if opts.max_files_per_batch == 0 {
             return Err(EngineError::Config(
                 "--max-files-per-batch must be at least 1".into(),
+            ));
+        }
+        if opts.min_batches_to_retain == 0 {
+            return Err(EngineError::Config(
+                "--min-batches-to-retain must be at least 1".into(),
             ));
         }
         std::fs::create_dir_all(&opts.checkpoint).map_err(|e| {
@@ -394,6 +405,7 @@ impl Query {
                     drop_vars: Vec::new(),
                     txns: Vec::new(),
                     meta: vec![(meta::plan(plan.batch_id), None)],
+                    changelog: None,
                 };
                 if let Err(store) = self.checkpoint.commit(withdraw) {
                     tracing::warn!(error = %store, "could not withdraw the failed batch's plan");
@@ -547,10 +559,19 @@ impl Query {
                 Some(serde_json::to_vec(p).expect("serialises")),
             ));
         }
+        let partitions = usize::from(self.config.partitions.max(1));
         self.checkpoint.commit(Commit {
             drop_vars,
             txns,
             meta: meta_writes,
+            changelog: Some(ChangelogWrite {
+                batch_id: plan.batch_id,
+                retain_from: (plan.batch_id + 1).saturating_sub(self.opts.min_batches_to_retain),
+                partition_of: Box::new(move |key: &[u8]| {
+                    // Below `partitions`, a `u16`.
+                    input::partition_of(key, partitions) as u16
+                }),
+            }),
         })?;
         // Only now are the catalog's changes durable; a failed commit leaves them pending
         // for the next batch.

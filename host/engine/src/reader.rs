@@ -13,7 +13,7 @@ use std::path::Path;
 use serde_json::{Map, Value, json};
 use statebox_runtime::catalog::{Catalog, VarDef, VarKind};
 use statebox_schema::Schema;
-use statebox_state::{Checkpoint, StoreError, StoredValue};
+use statebox_state::{Checkpoint, StoreError, StoredValue, changelog, keys};
 
 use crate::config::meta;
 use crate::input::partition_of;
@@ -128,6 +128,82 @@ impl StateReader {
                 }
             }
         }
+        out.failed.map_or(Ok(()), Err)
+    }
+
+    /// Calls `f` with one row per change of variable `var_name` in batches `from..=to` (`to`
+    /// defaults to the latest committed batch), ascending by batch, then partition (SPEC §9,
+    /// change feed): `{batch_id, change_type, key, value, partition_id}`, `change_type`
+    /// being `update` or `delete` (`value` null). List rows add the element's `list_index`
+    /// (its sequence in the list), map rows its `user_map_key`. Removals by TTL cleanup, by
+    /// clears and by dropping the variable show as deletes. Values are read through the
+    /// variable's current schema.
+    ///
+    /// Only the change logs of the last retained batches (`--min-batches-to-retain`) are
+    /// kept: a range reaching outside them is an error naming the range available.
+    pub fn read_changes(
+        &self,
+        var_name: &str,
+        from: u64,
+        to: Option<u64>,
+        mut f: impl FnMut(Value) -> Result<(), EngineError>,
+    ) -> Result<(), EngineError> {
+        let var = self.var(var_name)?;
+        let schemas = Schemas::new(var)?;
+        let available = match (
+            self.checkpoint.changelog_first_batch()?,
+            self.latest_batch_id(),
+        ) {
+            (Some(first), Some(last))
+                if first <= last && self.checkpoint.has_changelog(last)? =>
+            {
+                Some((first, last))
+            }
+            _ => None,
+        };
+        let Some((first, last)) = available else {
+            return Err(EngineError::Config(
+                "the checkpoint has no retained change log: no batch was committed with one".into(),
+            ));
+        };
+        let to = to.unwrap_or(last);
+        if from > to {
+            return Err(EngineError::Config(format!(
+                "the change range is empty: --from {from} is after --to {to}"
+            )));
+        }
+        if from < first || to > last {
+            return Err(EngineError::Config(format!(
+                "the changes of batches {from} to {to} are not available: the checkpoint \
+                 retains the change logs of batches {first} to {last}"
+            )));
+        }
+        let ns = match var.kind {
+            VarKind::Value => keys::VALUE,
+            VarKind::List => keys::LIST,
+            VarKind::Map => keys::MAP,
+        };
+        let mut out = Emitter {
+            f: &mut f,
+            failed: None,
+        };
+        self.checkpoint
+            .scan_changelog(from, to, |batch, partition, log| {
+                for change in changelog::decode(log) {
+                    let change = change?;
+                    if change.key.first() != Some(&ns) {
+                        continue;
+                    }
+                    if keys::decode_var_key(ns, change.key)?.0 != var.id {
+                        continue;
+                    }
+                    let row = self.change_row(batch, partition, change, &schemas);
+                    if !out.emit(row) {
+                        return Ok(false);
+                    }
+                }
+                Ok(true)
+            })?;
         out.failed.map_or(Ok(()), Err)
     }
 
@@ -329,6 +405,44 @@ impl StateReader {
         self.finish(key, row)
     }
 
+    /// The row of one logged change of a value, list element or map entry.
+    fn change_row(
+        &self,
+        batch: u64,
+        partition: u16,
+        change: changelog::Change<'_>,
+        schemas: &Schemas,
+    ) -> Result<Value, EngineError> {
+        let ns = change.key.first().copied().unwrap_or_default();
+        let (_, key, suffix) = keys::decode_var_key(ns, change.key)?;
+        let mut row = Map::new();
+        row.insert("batch_id".into(), batch.into());
+        let change_type = if change.value.is_some() {
+            "update"
+        } else {
+            "delete"
+        };
+        row.insert("change_type".into(), change_type.into());
+        row.append(&mut self.key_fields(key)?);
+        match ns {
+            keys::LIST => {
+                let seq = keys::decode_list_seq(change.key)?;
+                row.insert("list_index".into(), seq.into());
+            }
+            keys::MAP => {
+                row.insert("user_map_key".into(), user_key(suffix)?);
+            }
+            _ => {}
+        }
+        let value = match change.value {
+            Some(bytes) => schemas.read(&StoredValue::decode(bytes)?)?,
+            None => Value::Null,
+        };
+        row.insert("value".into(), value);
+        row.insert("partition_id".into(), partition.into());
+        Ok(Value::Object(row))
+    }
+
     fn list_row(&self, (key, items): (Vec<u8>, Vec<(Value, Value)>)) -> Result<Value, EngineError> {
         let mut row = self.key_fields(&key)?;
         let list = items.into_iter().map(|(_, v)| v).collect();
@@ -362,6 +476,18 @@ pub fn read_state(
     f: impl FnMut(Value) -> Result<(), EngineError>,
 ) -> Result<(), EngineError> {
     StateReader::open(dir)?.read_state(var_name, flatten, f)
+}
+
+/// Opens the checkpoint in `dir` read-only and streams variable `var_name`'s changes in
+/// batches `from..=to` to `f`; see [`StateReader::read_changes`].
+pub fn read_changes(
+    dir: &Path,
+    var_name: &str,
+    from: u64,
+    to: Option<u64>,
+    f: impl FnMut(Value) -> Result<(), EngineError>,
+) -> Result<(), EngineError> {
+    StateReader::open(dir)?.read_changes(var_name, from, to, f)
 }
 
 /// Opens the checkpoint in `dir` read-only and streams its registered timers to `f`; see
@@ -805,6 +931,109 @@ mod tests {
         assert_eq!(last, [1, 2]);
         assert_eq!(read_progress(dir.path(), 10).unwrap().len(), 3);
         assert!(read_progress(dir.path(), 0).unwrap().is_empty());
+    }
+
+    /// Commits batch `batch` of `txns` with its change log into the fixture's checkpoint.
+    fn commit_logged(cp: &Checkpoint, batch: u64, txns: Vec<statebox_state::PartitionTxn>) {
+        let record = serde_json::to_vec(&commit_record(batch)).unwrap();
+        cp.commit(Commit {
+            txns,
+            meta: vec![
+                ("head".to_owned(), Some(record.clone())),
+                (crate::config::meta::commit(batch), Some(record)),
+            ],
+            changelog: Some(statebox_state::ChangelogWrite {
+                batch_id: batch,
+                retain_from: (batch + 1).saturating_sub(2),
+                partition_of: Box::new(|key: &[u8]| part(std::str::from_utf8(key).unwrap()) as u16),
+            }),
+            ..Commit::default()
+        })
+        .unwrap();
+    }
+
+    fn changes(dir: &Path, var: &str, from: u64, to: Option<u64>) -> Vec<Value> {
+        let mut out = Vec::new();
+        read_changes(dir, var, from, to, |row| {
+            out.push(row);
+            Ok(())
+        })
+        .unwrap();
+        out
+    }
+
+    #[test]
+    fn the_change_feed_shows_each_batchs_updates_and_deletes() {
+        let dir = checkpoint(TimeMode::ProcessingTime);
+        let k1 = br#"["u1",7]"#;
+        let p1 = part(r#"["u1",7]"#);
+        let err = read_changes(dir.path(), "profile", 0, None, |_| Ok(()))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no retained change log"), "{err}");
+
+        let cp = Checkpoint::open(dir.path()).unwrap();
+        let mut txn = cp.txn(p1 as u16);
+        txn.value_put(0, k1, stored(0, None, r#"{"name":"again"}"#))
+            .unwrap();
+        txn.list_append(1, k1, vec![stored(0, None, "3")]).unwrap();
+        txn.map_remove(2, k1, br#""a""#).unwrap();
+        commit_logged(&cp, 3, vec![txn]);
+        let mut txn = cp.txn(p1 as u16);
+        txn.value_delete(0, k1).unwrap();
+        txn.map_put(2, k1, br#""c""#, stored(0, Some(2_000), "30"))
+            .unwrap();
+        commit_logged(&cp, 4, vec![txn]);
+        drop(cp);
+
+        let key = json!({"user": "u1", "n": 7});
+        assert_eq!(
+            changes(dir.path(), "profile", 3, None),
+            [
+                json!({"batch_id": 3, "change_type": "update", "key": key,
+                    "value": {"name": "again", "visits": null}, "partition_id": p1}),
+                json!({"batch_id": 4, "change_type": "delete", "key": key, "value": null,
+                    "partition_id": p1}),
+            ]
+        );
+        assert_eq!(
+            changes(dir.path(), "events", 3, Some(4)),
+            [
+                json!({"batch_id": 3, "change_type": "update", "key": key, "list_index": 2,
+                "value": 3, "partition_id": p1})
+            ]
+        );
+        assert_eq!(
+            changes(dir.path(), "seen", 4, Some(4)),
+            [
+                json!({"batch_id": 4, "change_type": "update", "key": key, "user_map_key": "c",
+                "value": 30, "partition_id": p1})
+            ]
+        );
+        assert_eq!(
+            changes(dir.path(), "seen", 3, Some(3)),
+            [
+                json!({"batch_id": 3, "change_type": "delete", "key": key, "user_map_key": "a",
+                "value": null, "partition_id": p1})
+            ]
+        );
+        for (from, to) in [(2, None), (3, Some(5))] {
+            let err = read_changes(dir.path(), "seen", from, to, |_| Ok(()))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("retains the change logs of batches 3 to 4"),
+                "{err}"
+            );
+        }
+        let err = read_changes(dir.path(), "seen", 4, Some(3), |_| Ok(()))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--from 4 is after --to 3"), "{err}");
+        let err = read_changes(dir.path(), "nope", 3, None, |_| Ok(()))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown state variable `nope`"), "{err}");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The checkpoint: the committed state plus the one atomic way to change it.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
@@ -8,7 +9,7 @@ use crate::engine::{KvEngine, WriteBatch, WriteOp};
 use crate::mem::MemEngine;
 use crate::rocks::RocksEngine;
 use crate::txn::PartitionTxn;
-use crate::{Partition, Result, StoreError, StoredValue, VarId, keys};
+use crate::{Partition, Result, StoreError, StoredValue, VarId, changelog, keys};
 
 /// A per-variable scan's callback: `(grouping key, key suffix, value)`.
 type VarScanFn<'a> = dyn FnMut(&[u8], &[u8], StoredValue) -> Result<bool> + 'a;
@@ -36,6 +37,31 @@ pub struct Commit {
     pub txns: Vec<PartitionTxn>,
     /// Metadata writes, applied last; `None` deletes. They carry the batch's commit record.
     pub meta: Vec<(String, Option<Vec<u8>>)>,
+    /// Records the batch's change log in the same write (see [`crate::changelog`]).
+    pub changelog: Option<ChangelogWrite>,
+}
+
+/// Maps a grouping key to its partition.
+pub type PartitionOf = dyn Fn(&[u8]) -> Partition + Send + Sync;
+
+/// How a commit records its batch's change log.
+pub struct ChangelogWrite {
+    /// The batch being committed.
+    pub batch_id: u64,
+    /// The change logs of batches before this one are removed in the same write.
+    pub retain_from: u64,
+    /// The partition of a grouping key: the deletes of dropped variables' entries are
+    /// logged under their key's partition.
+    pub partition_of: Box<PartitionOf>,
+}
+
+impl fmt::Debug for ChangelogWrite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ChangelogWrite")
+            .field("batch_id", &self.batch_id)
+            .field("retain_from", &self.retain_from)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Checkpoint {
@@ -203,7 +229,11 @@ impl Checkpoint {
             drop_vars,
             txns,
             meta,
+            changelog,
         } = commit;
+        // Change log per partition, ascending by partition.
+        let mut logs: BTreeMap<Partition, Vec<u8>> = BTreeMap::new();
+        let logging = changelog.is_some();
         let mut batch = WriteBatch::new();
         batch.reserve(
             drop_vars.len() * keys::VAR_NAMESPACES.len()
@@ -213,18 +243,51 @@ impl Checkpoint {
         for var in &drop_vars {
             for ns in keys::VAR_NAMESPACES {
                 let (start, end) = keys::var_range(ns, *var);
+                if let Some(cl) = changelog.as_ref().filter(|_| changelog::logged(ns)) {
+                    self.engine.scan(&start, &end, &mut |k, _| {
+                        let (_, key, _) = keys::decode_var_key(ns, k)?;
+                        let log = logs.entry((cl.partition_of)(key)).or_default();
+                        changelog::push(log, k, None);
+                        Ok(true)
+                    })?;
+                }
                 batch.delete_range(start, end);
             }
         }
         let txn_count = txns.len();
-        batch.append(merge_runs(
-            txns.into_iter().map(PartitionTxn::into_ops).collect(),
-        ));
+        let mut runs = Vec::with_capacity(txns.len());
+        for txn in txns {
+            let partition = txn.partition();
+            let (ops, changes) = txn.into_parts();
+            if logging {
+                let log = logs.entry(partition).or_default();
+                if log.is_empty() {
+                    *log = changes;
+                } else {
+                    log.extend_from_slice(&changes);
+                }
+                self.log_range_deletes(&ops, log)?;
+            }
+            runs.push(ops);
+        }
+        batch.append(merge_runs(runs));
         for (name, value) in meta {
             let key = keys::meta_key(&name);
             match value {
                 Some(v) => batch.put(key, v),
                 None => batch.delete(key),
+            }
+        }
+        if let Some(cl) = &changelog {
+            if cl.retain_from > 0 {
+                let (start, end) = keys::changelog_range(0, cl.retain_from.min(cl.batch_id));
+                batch.delete_range(start, end);
+            }
+            batch.put(keys::changelog_marker(cl.batch_id), Vec::new());
+            for (partition, log) in logs {
+                if !log.is_empty() {
+                    batch.put(keys::changelog_key(cl.batch_id, partition), log);
+                }
             }
         }
         let ops = batch.len();
@@ -236,6 +299,68 @@ impl Checkpoint {
             "committed batch"
         );
         Ok(())
+    }
+
+    /// Logs deletes for the committed keys that `ops`' range tombstones over value, list
+    /// and map entries remove and that `ops` (ascending by key) does not put again.
+    fn log_range_deletes(&self, ops: &[WriteOp], log: &mut Vec<u8>) -> Result<()> {
+        for op in ops {
+            let WriteOp::DeleteRange(start, end) = op else {
+                continue;
+            };
+            if !start.first().is_some_and(|&ns| changelog::logged(ns)) {
+                continue;
+            }
+            self.engine.scan(start, end, &mut |k, _| {
+                let put_again = ops
+                    .binary_search_by(|op| op_key(op).cmp(k))
+                    .is_ok_and(|i| matches!(ops[i], WriteOp::Put(..)));
+                if !put_again {
+                    changelog::push(log, k, None);
+                }
+                Ok(true)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The first batch whose change log is retained, if any is.
+    pub fn changelog_first_batch(&self) -> Result<Option<u64>> {
+        let (start, end) = keys::changelog_range_from(0);
+        let mut first = None;
+        self.engine.scan(&start, &end, &mut |k, _| {
+            first = Some(keys::decode_changelog_key(k)?.0);
+            Ok(false)
+        })?;
+        Ok(first)
+    }
+
+    /// Whether batch `batch`'s change log is retained.
+    pub fn has_changelog(&self, batch: u64) -> Result<bool> {
+        Ok(self.engine.get(&keys::changelog_marker(batch))?.is_some())
+    }
+
+    /// Calls `f` with the stored change log of every partition that changed state in
+    /// batches `from..=to`, as `(batch, partition, log)` ascending by batch then partition,
+    /// until `f` returns `false`. Decode a log with [`changelog::decode`].
+    pub fn scan_changelog(
+        &self,
+        from: u64,
+        to: u64,
+        mut f: impl FnMut(u64, Partition, &[u8]) -> Result<bool>,
+    ) -> Result<()> {
+        let (start, end) = match to.checked_add(1) {
+            Some(end) => keys::changelog_range(from, end),
+            None => keys::changelog_range_from(from),
+        };
+        self.engine.scan(
+            &start,
+            &end,
+            &mut |k, v| match keys::decode_changelog_key(k)? {
+                (batch, Some(partition)) => f(batch, partition, v),
+                (_, None) => Ok(true),
+            },
+        )
     }
 }
 

@@ -6,7 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::engine::{GetFn, KvEngine, ScanFn, WriteBatch};
-use crate::{Checkpoint, Commit, PartitionTxn, StoreError, StoredValue, keys};
+use crate::overlay::POINT_DELETE_LIMIT;
+use crate::{
+    ChangelogWrite, Checkpoint, Commit, PartitionTxn, StoreError, StoredValue, changelog, keys,
+};
 
 /// A checkpoint on one backend, reopenable to check durability.
 struct Fixture {
@@ -222,6 +225,7 @@ fn metadata_put_scan_and_commit(mut fx: Fixture) {
             ("commit/1".into(), Some(b"c1".to_vec())),
             ("batch/1".into(), None),
         ],
+        changelog: None,
     })
     .unwrap();
     fx.reopen();
@@ -666,6 +670,192 @@ fn ttl_cleanup_handles_more_than_one_chunk(fx: Fixture) {
     );
 }
 
+// ---- Change log ----
+
+/// Commits `txns` and `drop_vars` as batch `batch` with its change log, keeping the logs of
+/// the last `retain` batches. Keys starting with `b` are in partition 1, others in 0.
+fn commit_logged(fx: &Fixture, batch: u64, drop_vars: Vec<u32>, txns: Vec<PartitionTxn>) {
+    commit_retaining(fx, batch, 100, drop_vars, txns);
+}
+
+fn commit_retaining(
+    fx: &Fixture,
+    batch: u64,
+    retain: u64,
+    drop_vars: Vec<u32>,
+    txns: Vec<PartitionTxn>,
+) {
+    fx.cp()
+        .commit(Commit {
+            drop_vars,
+            txns,
+            meta: vec![],
+            changelog: Some(ChangelogWrite {
+                batch_id: batch,
+                retain_from: (batch + 1).saturating_sub(retain),
+                partition_of: Box::new(|key: &[u8]| u16::from(key.starts_with(b"b"))),
+            }),
+        })
+        .unwrap();
+}
+
+/// The logged changes of batches `from..=to` as `(batch, partition, change)`, the change
+/// written `v1:a=payload` (value), `l2:a#seq=payload` (list), `m3:a.user=payload` (map),
+/// with `-` for a delete.
+fn logged(fx: &Fixture, from: u64, to: u64) -> Vec<(u64, u16, String)> {
+    let mut out = Vec::new();
+    fx.cp()
+        .scan_changelog(from, to, |batch, partition, log| {
+            for change in changelog::decode(log) {
+                let change = change?;
+                let ns = change.key[0];
+                let (var, key, suffix) = keys::decode_var_key(ns, change.key)?;
+                let key = String::from_utf8_lossy(key);
+                let at = match ns {
+                    keys::VALUE => format!("v{var}:{key}"),
+                    keys::LIST => format!("l{var}:{key}#{}", keys::decode_list_seq(change.key)?),
+                    _ => format!("m{var}:{key}.{}", String::from_utf8_lossy(suffix)),
+                };
+                let value = match change.value {
+                    Some(bytes) => String::from_utf8(StoredValue::decode(bytes)?.payload).unwrap(),
+                    None => "-".into(),
+                };
+                out.push((batch, partition, format!("{at}={value}")));
+            }
+            Ok(true)
+        })
+        .unwrap();
+    out
+}
+
+fn entries(batch: u64, partition: u16, changes: &[&str]) -> Vec<(u64, u16, String)> {
+    changes
+        .iter()
+        .map(|c| (batch, partition, (*c).to_owned()))
+        .collect()
+}
+
+fn changelog_records_point_writes_per_partition(mut fx: Fixture) {
+    let mut txn = fx.cp().txn(0);
+    txn.value_put(1, b"a", v("1")).unwrap();
+    txn.list_append(2, b"a", vec![v("x"), v("y")]).unwrap();
+    txn.map_put(3, b"a", b"m", v("m1")).unwrap();
+    txn.timer_register(b"a", 5).unwrap();
+    let mut other = fx.cp().txn(1);
+    other.value_put(1, b"b", v("2")).unwrap();
+    commit_logged(&fx, 0, vec![], vec![txn, other, fx.cp().txn(2)]);
+
+    let mut txn = fx.cp().txn(0);
+    txn.value_put(1, b"a", v("3")).unwrap();
+    txn.list_put(2, b"a", vec![v("z")]).unwrap();
+    txn.map_remove(3, b"a", b"m").unwrap();
+    commit_logged(&fx, 1, vec![], vec![txn]);
+    fx.reopen();
+
+    let mut want = entries(0, 0, &["v1:a=1", "l2:a#0=x", "l2:a#1=y", "m3:a.m=m1"]);
+    want.extend(entries(0, 1, &["v1:b=2"]));
+    want.extend(entries(
+        1,
+        0,
+        &["v1:a=3", "l2:a#0=z", "l2:a#1=-", "m3:a.m=-"],
+    ));
+    assert_eq!(logged(&fx, 0, 1), want);
+    assert_eq!(logged(&fx, 1, u64::MAX), want[5..]);
+    assert_eq!(fx.cp().changelog_first_batch().unwrap(), Some(0));
+    assert!(fx.cp().has_changelog(1).unwrap());
+    assert!(!fx.cp().has_changelog(2).unwrap());
+    // A commit without a change log records none.
+    fx.commit(vec![fx.cp().txn(0)]);
+    assert!(!fx.cp().has_changelog(2).unwrap());
+}
+
+fn changelog_lists_the_keys_range_tombstones_remove(fx: Fixture) {
+    let n = POINT_DELETE_LIMIT + 10;
+    let mut txn = fx.cp().txn(0);
+    txn.list_append(2, b"a", numbered(0..n)).unwrap();
+    for i in 0..n {
+        txn.map_put(3, b"a", format!("k{i:03}").as_bytes(), v("old"))
+            .unwrap();
+    }
+    commit_logged(&fx, 0, vec![], vec![txn]);
+
+    let mut txn = fx.cp().txn(0);
+    txn.list_put(2, b"a", vec![v("new")]).unwrap();
+    txn.map_clear(3, b"a").unwrap();
+    txn.map_put(3, b"a", b"k005", v("new")).unwrap();
+    let sealed_ops = {
+        // The clears are range tombstones, not point deletes.
+        txn.seal();
+        txn.pending_writes()
+    };
+    assert!(sealed_ops < n, "{sealed_ops}");
+    commit_logged(&fx, 1, vec![], vec![txn]);
+
+    let got: Vec<String> = logged(&fx, 1, 1).into_iter().map(|(_, _, c)| c).collect();
+    let mut want = vec!["l2:a#0=new".to_owned(), "m3:a.k005=new".to_owned()];
+    want.extend((1..n).map(|i| format!("l2:a#{i}=-")));
+    want.extend(
+        (0..n)
+            .filter(|&i| i != 5)
+            .map(|i| format!("m3:a.k{i:03}=-")),
+    );
+    assert_eq!(got, want);
+}
+
+fn changelog_lists_the_entries_of_dropped_variables(fx: Fixture) {
+    let mut txn = fx.cp().txn(0);
+    txn.value_put(1, b"a", v("va")).unwrap();
+    txn.list_append(1, b"a", vec![v("la")]).unwrap();
+    txn.map_put(1, b"a", b"m", v("ma")).unwrap();
+    txn.value_put(2, b"a", v("kept")).unwrap();
+    let mut other = fx.cp().txn(1);
+    other.value_put(1, b"b", v("vb")).unwrap();
+    commit_logged(&fx, 0, vec![], vec![txn, other]);
+
+    let mut txn = fx.cp().txn(0);
+    txn.value_put(2, b"a", v("new")).unwrap();
+    commit_logged(&fx, 1, vec![1], vec![txn]);
+    let mut want = entries(1, 0, &["v1:a=-", "l1:a#0=-", "m1:a.m=-", "v2:a=new"]);
+    want.extend(entries(1, 1, &["v1:b=-"]));
+    assert_eq!(logged(&fx, 1, 1), want);
+}
+
+fn changelog_shows_ttl_cleanup_as_deletes(fx: Fixture) {
+    let mut txn = fx.cp().txn(0);
+    txn.value_put(1, b"a", vt("a", 100)).unwrap();
+    txn.value_put(1, b"c", vt("c", 300)).unwrap();
+    txn.list_append(2, b"a", vec![vt("x", 50), v("y")]).unwrap();
+    txn.map_put(3, b"a", b"m", vt("m", 100)).unwrap();
+    commit_logged(&fx, 0, vec![], vec![txn]);
+
+    let mut txn = fx.cp().txn(0);
+    assert_eq!(txn.ttl_cleanup(100).unwrap(), 3);
+    commit_logged(&fx, 1, vec![], vec![txn]);
+    assert_eq!(
+        logged(&fx, 1, 1),
+        entries(1, 0, &["v1:a=-", "l2:a#0=-", "m3:a.m=-"])
+    );
+}
+
+fn changelog_keeps_the_last_batches_only(mut fx: Fixture) {
+    for batch in 0..6 {
+        let mut txn = fx.cp().txn(0);
+        txn.value_put(1, b"a", v(&batch.to_string())).unwrap();
+        commit_retaining(&fx, batch, 2, vec![], vec![txn]);
+    }
+    fx.reopen();
+    assert_eq!(fx.cp().changelog_first_batch().unwrap(), Some(4));
+    assert!(!fx.cp().has_changelog(3).unwrap());
+    let mut want = entries(4, 0, &["v1:a=4"]);
+    want.extend(entries(5, 0, &["v1:a=5"]));
+    assert_eq!(logged(&fx, 0, 10), want);
+    // Batches without changes are retained too.
+    commit_retaining(&fx, 6, 2, vec![], vec![fx.cp().txn(0)]);
+    assert_eq!(fx.cp().changelog_first_batch().unwrap(), Some(5));
+    assert!(fx.cp().has_changelog(6).unwrap());
+    assert_eq!(logged(&fx, 6, 6), []);
+}
+
 // ---- Commit ----
 
 fn drop_vars_removes_every_key_of_those_variables(mut fx: Fixture) {
@@ -685,6 +875,7 @@ fn drop_vars_removes_every_key_of_those_variables(mut fx: Fixture) {
             drop_vars: vec![1, 42],
             txns: vec![txn],
             meta: vec![],
+            changelog: None,
         })
         .unwrap();
     fx.reopen();
@@ -908,6 +1099,11 @@ conformance!(
     committed_state_scans_page_through_large_variables,
     committed_state_scans_report_corrupt_bytes,
     metadata_is_visited_one_blob_at_a_time,
+    changelog_records_point_writes_per_partition,
+    changelog_lists_the_keys_range_tombstones_remove,
+    changelog_lists_the_entries_of_dropped_variables,
+    changelog_shows_ttl_cleanup_as_deletes,
+    changelog_keeps_the_last_batches_only,
 );
 
 #[test]

@@ -16,6 +16,7 @@
 //! | [`TIMER_BY_KEY`] | `[0x06][keylen u32][key][ts i64]` |
 //! | [`TIMER_BY_TIME`] | `[0x07][partition u16][ts i64][key]` |
 //! | [`TTL`] | `[0x08][partition u16][expiry i64][state key]` |
+//! | [`CHANGELOG`] | `[0x09][batch u64]` (batch marker), `[0x09][batch u64][partition u16]` |
 //!
 //! The variable id comes right after the namespace so dropping a variable is one range
 //! delete per namespace ([`var_range`]).
@@ -41,6 +42,10 @@ pub const TIMER_BY_KEY: u8 = 0x06;
 pub const TIMER_BY_TIME: u8 = 0x07;
 /// TTL index: partition, expiry, then the full key of the expiring entry.
 pub const TTL: u8 = 0x08;
+
+/// Per-batch change logs: a marker per committed batch and one entry list per partition
+/// that changed state (see [`crate::changelog`]).
+pub const CHANGELOG: u8 = 0x09;
 
 /// The per-variable namespaces, i.e. everything [`Commit::drop_vars`](crate::Commit) removes.
 pub const VAR_NAMESPACES: [u8; 4] = [VALUE, LIST, LIST_META, MAP];
@@ -291,6 +296,47 @@ pub fn decode_timer_key(k: &[u8]) -> Result<(&[u8], i64)> {
 /// The range of every grouping key's timers in the by-key index.
 pub fn timers_by_key_range() -> (Vec<u8>, Vec<u8>) {
     prefix_range(vec![TIMER_BY_KEY])
+}
+
+/// The marker of a batch whose change log was recorded.
+pub fn changelog_marker(batch: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1 + 8 + 2);
+    out.push(CHANGELOG);
+    out.extend_from_slice(&batch.to_be_bytes());
+    out
+}
+
+/// The key of one partition's change log of one batch.
+pub fn changelog_key(batch: u64, partition: Partition) -> Vec<u8> {
+    let mut out = changelog_marker(batch);
+    out.extend_from_slice(&partition.to_be_bytes());
+    out
+}
+
+/// The range of the change logs (markers included) of batches `from..to`.
+pub fn changelog_range(from: u64, to: u64) -> (Vec<u8>, Vec<u8>) {
+    (changelog_marker(from), changelog_marker(to))
+}
+
+/// The range of the change logs of batches `from..`.
+pub fn changelog_range_from(from: u64) -> (Vec<u8>, Vec<u8>) {
+    (changelog_marker(from), vec![CHANGELOG + 1])
+}
+
+/// Splits a change log key into `(batch, partition)`; a batch marker has no partition.
+pub fn decode_changelog_key(k: &[u8]) -> Result<(u64, Option<Partition>)> {
+    let malformed = || StoreError::Corrupt("malformed change log key".into());
+    let rest = match k.split_first() {
+        Some((&CHANGELOG, rest)) => rest,
+        _ => return Err(malformed()),
+    };
+    let (batch, rest) = rest.split_first_chunk::<8>().ok_or_else(malformed)?;
+    let batch = u64::from_be_bytes(*batch);
+    match rest.len() {
+        0 => Ok((batch, None)),
+        2 => Ok((batch, Some(Partition::from_be_bytes([rest[0], rest[1]])))),
+        _ => Err(malformed()),
+    }
 }
 
 /// The key of a metadata blob.

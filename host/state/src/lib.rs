@@ -13,6 +13,7 @@
 //! - [`engine`]: the small [`KvEngine`] trait both backends implement.
 //! - `rocks` / `mem`: the RocksDB and in-memory backends.
 //! - `checkpoint` / `txn`: the public [`Checkpoint`] and [`PartitionTxn`].
+//! - [`changelog`]: the per-batch change log codec.
 //! - `overlay`: the overlay's building blocks (inline byte keys, per-prefix hash map,
 //!   per-collection ordered writes).
 //!
@@ -20,6 +21,7 @@
 //! built by [`Checkpoint::commit`] or [`Checkpoint::put_meta_sync`]; a [`PartitionTxn`] only
 //! ever reads the backend.
 
+pub mod changelog;
 mod checkpoint;
 pub mod engine;
 pub mod keys;
@@ -32,7 +34,7 @@ mod value;
 #[cfg(test)]
 mod conformance;
 
-pub use checkpoint::{Checkpoint, Commit};
+pub use checkpoint::{ChangelogWrite, Checkpoint, Commit};
 pub use engine::{GetFn, KvEngine, ScanFn, WriteBatch, WriteOp};
 pub use txn::PartitionTxn;
 pub use value::StoredValue;

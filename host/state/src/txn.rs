@@ -30,6 +30,7 @@ use std::fmt;
 use std::ops::Bound::{self, Excluded, Included, Unbounded};
 use std::sync::Arc;
 
+use crate::changelog;
 use crate::engine::{KvEngine, ScanFn, WriteOp};
 use crate::keys::{self, check_key};
 use crate::overlay::{Base, Coll, PrefixMap, Slot};
@@ -81,6 +82,9 @@ struct VarBucket {
 struct Sealed {
     ops: Vec<WriteOp>,
     point_writes: usize,
+    /// The change log entries of `ops`' point writes (see [`crate::changelog`]); the
+    /// commit adds the keys `ops`' range tombstones remove.
+    changes: Vec<u8>,
 }
 
 impl PartitionTxn {
@@ -527,7 +531,8 @@ impl PartitionTxn {
     /// Prepares the transaction for [`Checkpoint::commit`](crate::Checkpoint::commit): turns
     /// the overlay into write-batch operations sorted by key. Call it on the partition's
     /// worker thread once the batch's reads and writes are done, so the commit (which seals
-    /// any transaction not yet sealed) only concatenates. Idempotent.
+    /// any transaction not yet sealed) only concatenates. Also builds the change log
+    /// entries of the point writes. Idempotent.
     ///
     /// # Panics
     ///
@@ -537,17 +542,28 @@ impl PartitionTxn {
         if self.sealed.is_none() {
             let overlay = std::mem::take(&mut self.overlay);
             let point_writes = overlay.writes;
+            let ops = overlay.into_ops();
+            let mut changes = Vec::new();
+            changelog::push_ops(&mut changes, &ops);
             self.sealed = Some(Sealed {
-                ops: overlay.into_ops(),
+                ops,
                 point_writes,
+                changes,
             });
         }
     }
 
     /// The write-batch operations reproducing the overlay, sealing it first if needed.
-    pub(crate) fn into_ops(mut self) -> Vec<WriteOp> {
+    #[cfg(test)]
+    pub(crate) fn into_ops(self) -> Vec<WriteOp> {
+        self.into_parts().0
+    }
+
+    /// The write-batch operations and the point writes' change log entries, sealing first
+    /// if needed.
+    pub(crate) fn into_parts(mut self) -> (Vec<WriteOp>, Vec<u8>) {
         self.seal();
-        self.sealed.map(|s| s.ops).unwrap_or_default()
+        self.sealed.map(|s| (s.ops, s.changes)).unwrap_or_default()
     }
 
     /// Number of write-batch operations [`Self::into_ops`] gives (an estimate before
