@@ -121,14 +121,17 @@ fn counter_state_reads_in_every_mode() {
     );
     assert!(lines[2].contains("3"), "{table}");
 
-    // Only the latest batch can be read for now; other batch ids are refused, not faked.
+    // Time travel: batch 1 is the latest; batch 0 is before u1's third row.
     assert_eq!(
         rows(&scratch, &["read", "--var", "count", "--batch-id", "1"]),
         count
     );
-    let err = state_err(&scratch, &["read", "--var", "count", "--batch-id", "0"]);
-    assert!(err.contains("time travel is not available yet"), "{err}");
-    assert!(err.contains("latest committed batch (1)"), "{err}");
+    assert_eq!(
+        rows(&scratch, &["read", "--var", "count", "--batch-id", "0"])[0],
+        json!({"key": {"k": "u1"}, "value": 2, "partition_id": U1_PARTITION})
+    );
+    let err = state_err(&scratch, &["read", "--var", "count", "--batch-id", "2"]);
+    assert!(err.contains("retains batches 0 to 1"), "{err}");
 
     let err = state_err(&scratch, &["read", "--var", "counts"]);
     assert!(err.contains("unknown state variable `counts`"), "{err}");
@@ -498,4 +501,99 @@ fn change_feed_shows_ttl_removals_as_deletes() {
         ]
     );
     assert!(rows(&scratch, &["read", "--var", "seen"]).is_empty());
+}
+
+/// Counter over five CLI runs, the last one retaining two batches, and dedup with a TTL'd
+/// map: `--batch-id N` reads exactly what a read right after batch N showed, for every
+/// retained batch, and names the retained range for the others.
+#[test]
+fn time_travel_reads_each_retained_batch_as_it_was() {
+    let scratch = Scratch::new();
+    let vars = ["count", "batchCounts", "stats"];
+    let mut live: Vec<Vec<Vec<Value>>> = Vec::new();
+    let read_all = |batch: Option<u64>| -> Vec<Vec<Value>> {
+        vars.iter()
+            .flat_map(|var| {
+                let mut args = vec!["read", "--var", var];
+                let id = batch.map(|b| b.to_string());
+                if let Some(id) = &id {
+                    args.extend(["--batch-id", id.as_str()]);
+                }
+                let flat = rows(&scratch, &args);
+                args.push("--no-flatten");
+                [flat, rows(&scratch, &args)]
+            })
+            .collect()
+    };
+    for (file, keys) in [
+        ("a.jsonl", &["u1", "u1", "u2"][..]),
+        ("b.jsonl", &["u1"]),
+        ("c.jsonl", &["u2", "u3"]),
+        ("d.jsonl", &["u3"]),
+    ] {
+        let rows: Vec<Value> = keys.iter().map(|k| json!({"k": k})).collect();
+        scratch.write_rows(file, &rows);
+        scratch.run_cmd(guests::COUNTER, "k").run().expect_ok();
+        live.push(read_all(None));
+    }
+    for (batch, want) in live.iter().enumerate() {
+        assert_eq!(&read_all(Some(batch as u64)), want, "batch {batch}");
+    }
+    assert_ne!(live[0], live[3]);
+
+    scratch.write_rows("e.jsonl", &[json!({"k": "u1"})]);
+    scratch
+        .run_cmd(guests::COUNTER, "k")
+        .args(["--min-batches-to-retain", "2"])
+        .run()
+        .expect_ok();
+    // Logs of batches 3 and 4 are kept: batches 2 to 4 can be read.
+    let meta: Value = serde_json::from_str(&state_ok(&scratch, &["metadata"])).unwrap();
+    assert_eq!(
+        (meta["min_batch_id"].clone(), meta["max_batch_id"].clone()),
+        (json!(2), json!(4))
+    );
+    assert_eq!(read_all(Some(2)), live[2]);
+    assert_eq!(read_all(Some(3)), live[3]);
+    let err = state_err(&scratch, &["read", "--var", "count", "--batch-id", "1"]);
+    assert!(
+        err.contains(
+            "the state of batch 1 is not available: the checkpoint retains batches 2 to 4"
+        ),
+        "{err}"
+    );
+
+    // TTL cleanup and time travel: the dedup entries live at batch 0, removed at batch 2.
+    let ttl = Scratch::new();
+    let processor = std::sync::Arc::new(
+        statebox_tests::runtime(Default::default())
+            .load_file(std::path::Path::new(DEDUP_TTL))
+            .expect("load dedup-ttl"),
+    );
+    let opts = statebox_engine::QueryOptions {
+        input: ttl.input(),
+        output: ttl.output(),
+        checkpoint: ttl.checkpoint(),
+        key_columns: vec!["id".into()],
+        partitions: None,
+        output_mode: None,
+        time_mode: Some(statebox_engine::TimeMode::ProcessingTime),
+        max_files_per_batch: 1,
+        workers: None,
+        event_time: None,
+        output_event_time_column: None,
+        initial_state: None,
+        min_batches_to_retain: statebox_engine::DEFAULT_MIN_BATCHES_TO_RETAIN,
+    };
+    ttl.write_rows("a.jsonl", &[json!({"id": "e1"}), json!({"id": "e2"})]);
+    let t0 = 1_700_000_000_000_i64;
+    let mut query = statebox_engine::Query::open(opts, processor).expect("open query");
+    query.run_next(Some(t0)).expect("batch 0").expect("input");
+    query.run_no_data(Some(t0 + 61_000)).expect("batch 1");
+    drop(query);
+    assert!(rows(&ttl, &["read", "--var", "seen"]).is_empty());
+    let at0 = rows(&ttl, &["read", "--var", "seen", "--batch-id", "0"]);
+    let keys: Vec<&Value> = at0.iter().map(|r| &r["user_map_key"]).collect();
+    assert_eq!(keys, [&json!("e1"), &json!("e2")]);
+    assert_eq!(at0[0]["ttl_expiration_ms"], json!(t0 + 60_000));
 }

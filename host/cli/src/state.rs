@@ -44,7 +44,8 @@ pub(crate) struct ReadArgs {
     /// One row per grouping key for list and map state, instead of one per element/entry.
     #[arg(long)]
     no_flatten: bool,
-    /// The committed batch to read; only the latest one is available for now.
+    /// The committed batch to read (time travel): any retained one, see `statebox state
+    /// metadata` (`min_batch_id`..`max_batch_id`). Default: the latest.
     #[arg(long)]
     batch_id: Option<u64>,
     /// Output format.
@@ -130,18 +131,13 @@ fn open(dir: &std::path::Path) -> anyhow::Result<StateReader> {
 
 fn read(args: ReadArgs, out: &mut impl Write) -> anyhow::Result<()> {
     let reader = open(&args.checkpoint)?;
-    if let Some(wanted) = args.batch_id {
-        match reader.latest_batch_id() {
-            Some(latest) if latest == wanted => {}
-            Some(latest) => anyhow::bail!(
-                "cannot read batch {wanted}: time travel is not available yet; only the latest \
-                 committed batch ({latest}) can be read (omit --batch-id or pass {latest})"
-            ),
-            None => anyhow::bail!(
-                "cannot read batch {wanted}: checkpoint {} has no committed batch",
-                args.checkpoint.display()
-            ),
-        }
+    if let (Some(wanted), true) = (args.batch_id, args.timers)
+        && reader.latest_batch_id() != Some(wanted)
+    {
+        anyhow::bail!(
+            "cannot list the timers of batch {wanted}: timers are kept for the latest \
+             committed batch only (omit --batch-id)"
+        );
     }
     let mut printer = Printer::new(args.format);
     let print = |row: Value| {
@@ -151,7 +147,7 @@ fn read(args: ReadArgs, out: &mut impl Write) -> anyhow::Result<()> {
     };
     match (&args.var, args.timers) {
         (_, true) => reader.read_timers(print)?,
-        (Some(var), false) => reader.read_state(var, !args.no_flatten, print)?,
+        (Some(var), false) => reader.read_state(var, !args.no_flatten, args.batch_id, print)?,
         (None, false) => anyhow::bail!("--var NAME or --timers is required"),
     }
     printer.finish(out)?;

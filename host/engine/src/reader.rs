@@ -13,13 +13,14 @@ use std::path::Path;
 use serde_json::{Map, Value, json};
 use statebox_runtime::catalog::{Catalog, VarDef, VarKind};
 use statebox_schema::Schema;
-use statebox_state::{Checkpoint, StoreError, StoredValue, changelog, keys};
+use statebox_state::{Checkpoint, StoreError, StoredValue, Undo, changelog, keys};
 
 use crate::config::meta;
 use crate::input::partition_of;
 use crate::{CommitRecord, EngineError, QueryConfig, TimeMode};
 
-/// A checkpoint opened for reading its latest committed state.
+/// A checkpoint opened for reading its committed state: the latest, or that of a retained
+/// earlier batch.
 #[derive(Debug)]
 pub struct StateReader {
     checkpoint: Checkpoint,
@@ -84,51 +85,141 @@ impl StateReader {
     /// schema. A variable with a TTL adds `ttl_expiration_ms` to value rows and flattened
     /// rows; expired values not yet cleaned up are shown. An unknown variable is an error
     /// naming the variables that exist.
+    ///
+    /// `at_batch` reads the state as committed at that batch instead of the latest (time
+    /// travel): the latest state with the batches after it undone through their change
+    /// logs' before-images. Any batch in [`Self::retained_batches`] can be read; another is
+    /// an error naming that range.
     pub fn read_state(
         &self,
         var_name: &str,
         flatten: bool,
+        at_batch: Option<u64>,
         mut f: impl FnMut(Value) -> Result<(), EngineError>,
     ) -> Result<(), EngineError> {
         let var = self.var(var_name)?;
         let schemas = Schemas::new(var)?;
         let ttl = var.ttl_ms.is_some();
+        let undo = match at_batch {
+            Some(batch) => {
+                self.check_readable(batch)?;
+                let latest = self.latest_batch_id().unwrap_or(batch);
+                self.checkpoint.undo_since(var.id, batch, latest)?
+            }
+            None => Undo::default(),
+        };
         let mut out = Emitter {
             f: &mut f,
             failed: None,
         };
         match var.kind {
-            VarKind::Value => self.checkpoint.scan_values(var.id, |key, value| {
-                Ok(out.emit(self.value_row(key, &value, &schemas, ttl)))
-            })?,
-            VarKind::List if flatten => self.checkpoint.scan_list(var.id, |key, _, value| {
-                Ok(out.emit(self.element_row(key, &value, &schemas, ttl)))
-            })?,
-            VarKind::Map if flatten => self.checkpoint.scan_map(var.id, |key, uk, value| {
-                Ok(out.emit(self.entry_row(key, uk, &value, &schemas, ttl)))
-            })?,
+            VarKind::Value => self
+                .checkpoint
+                .scan_values_at(var.id, &undo, |key, value| {
+                    Ok(out.emit(self.value_row(key, &value, &schemas, ttl)))
+                })?,
+            VarKind::List if flatten => {
+                self.checkpoint
+                    .scan_list_at(var.id, &undo, |key, _, value| {
+                        Ok(out.emit(self.element_row(key, &value, &schemas, ttl)))
+                    })?
+            }
+            VarKind::Map if flatten => {
+                self.checkpoint
+                    .scan_map_at(var.id, &undo, |key, uk, value| {
+                        Ok(out.emit(self.entry_row(key, uk, &value, &schemas, ttl)))
+                    })?
+            }
             VarKind::List => {
                 let mut group = Group::default();
-                self.checkpoint.scan_list(var.id, |key, _, value| {
-                    let item = schemas.read(&value).map(|v| (Value::Null, v));
-                    Ok(out.gather(&mut group, key, item, |done| self.list_row(done)))
-                })?;
+                self.checkpoint
+                    .scan_list_at(var.id, &undo, |key, _, value| {
+                        let item = schemas.read(&value).map(|v| (Value::Null, v));
+                        Ok(out.gather(&mut group, key, item, |done| self.list_row(done)))
+                    })?;
                 if let Some(row) = group.finish(|done| self.list_row(done)) {
                     out.emit(row);
                 }
             }
             VarKind::Map => {
                 let mut group = Group::default();
-                self.checkpoint.scan_map(var.id, |key, uk, value| {
-                    let item = user_key(uk).and_then(|k| Ok((k, schemas.read(&value)?)));
-                    Ok(out.gather(&mut group, key, item, |done| self.map_row(done)))
-                })?;
+                self.checkpoint
+                    .scan_map_at(var.id, &undo, |key, uk, value| {
+                        let item = user_key(uk).and_then(|k| Ok((k, schemas.read(&value)?)));
+                        Ok(out.gather(&mut group, key, item, |done| self.map_row(done)))
+                    })?;
                 if let Some(row) = group.finish(|done| self.map_row(done)) {
                     out.emit(row);
                 }
             }
         }
         out.failed.map_or(Ok(()), Err)
+    }
+
+    /// The batches whose state [`Self::read_state`] can read, `(first, last)`: the latest
+    /// committed batch and those before it whose later batches' change logs are all retained
+    /// (`--min-batches-to-retain`). `None` before the first commit.
+    pub fn retained_batches(&self) -> Result<Option<(u64, u64)>, EngineError> {
+        let Some(last) = self.latest_batch_id() else {
+            return Ok(None);
+        };
+        let first = match self.changelog_range()? {
+            // Batch `first_log - 1` is readable by undoing `first_log..=last`, if it was
+            // committed: the first commit record tells.
+            Some((first_log, _)) if first_log > self.first_commit()?.unwrap_or(first_log) => {
+                first_log - 1
+            }
+            Some((first_log, _)) => first_log,
+            None => last,
+        };
+        Ok(Some((first, last)))
+    }
+
+    /// The retained change logs, `(first, last)`, if they reach the latest batch.
+    fn changelog_range(&self) -> Result<Option<(u64, u64)>, EngineError> {
+        Ok(
+            match (
+                self.checkpoint.changelog_first_batch()?,
+                self.latest_batch_id(),
+            ) {
+                (Some(first), Some(last))
+                    if first <= last && self.checkpoint.has_changelog(last)? =>
+                {
+                    Some((first, last))
+                }
+                _ => None,
+            },
+        )
+    }
+
+    /// The batch of the oldest commit record.
+    fn first_commit(&self) -> Result<Option<u64>, EngineError> {
+        let mut first = None;
+        self.checkpoint
+            .for_each_meta(meta::COMMIT_PREFIX, |_, bytes| {
+                first = Some(
+                    parse_commit(bytes)
+                        .map_err(|e| StoreError::Corrupt(e.to_string()))?
+                        .batch_id,
+                );
+                Ok(false)
+            })?;
+        Ok(first)
+    }
+
+    /// Errors unless the state of `batch` can be read.
+    fn check_readable(&self, batch: u64) -> Result<(), EngineError> {
+        match self.retained_batches()? {
+            Some((first, last)) if (first..=last).contains(&batch) => Ok(()),
+            Some((first, last)) => Err(EngineError::Config(format!(
+                "the state of batch {batch} is not available: the checkpoint retains batches \
+                 {first} to {last}"
+            ))),
+            None => Err(EngineError::Config(format!(
+                "the state of batch {batch} is not available: the checkpoint has no committed \
+                 batch"
+            ))),
+        }
     }
 
     /// Calls `f` with one row per change of variable `var_name` in batches `from..=to` (`to`
@@ -150,18 +241,7 @@ impl StateReader {
     ) -> Result<(), EngineError> {
         let var = self.var(var_name)?;
         let schemas = Schemas::new(var)?;
-        let available = match (
-            self.checkpoint.changelog_first_batch()?,
-            self.latest_batch_id(),
-        ) {
-            (Some(first), Some(last))
-                if first <= last && self.checkpoint.has_changelog(last)? =>
-            {
-                Some((first, last))
-            }
-            _ => None,
-        };
-        let Some((first, last)) = available else {
+        let Some((first, last)) = self.changelog_range()? else {
             return Err(EngineError::Config(
                 "the checkpoint has no retained change log: no batch was committed with one".into(),
             ));
@@ -240,16 +320,7 @@ impl StateReader {
     /// range, time and output modes, key columns, and each variable with its kind, TTL,
     /// current schema (and key schema for maps) and schema history.
     pub fn metadata(&self) -> Result<Value, EngineError> {
-        let mut min_batch_id = None;
-        self.checkpoint
-            .for_each_meta(meta::COMMIT_PREFIX, |_, bytes| {
-                min_batch_id = Some(
-                    parse_commit(bytes)
-                        .map_err(|e| StoreError::Corrupt(e.to_string()))?
-                        .batch_id,
-                );
-                Ok(false)
-            })?;
+        let range = self.retained_batches()?;
         let variables: Vec<Value> = self
             .catalog
             .vars()
@@ -271,8 +342,8 @@ impl StateReader {
             "operator_id": 0,
             "operator_name": self.config.operator_name,
             "num_partitions": self.config.partitions,
-            "min_batch_id": min_batch_id,
-            "max_batch_id": self.latest_batch_id(),
+            "min_batch_id": range.map(|r| r.0),
+            "max_batch_id": range.map(|r| r.1),
             "time_mode": self.config.time_mode,
             "output_mode": self.config.output_mode,
             "key_columns": self.config.key_columns,
@@ -467,15 +538,16 @@ impl StateReader {
     }
 }
 
-/// Opens the checkpoint in `dir` read-only and streams variable `var_name`'s rows to `f`;
-/// see [`StateReader::read_state`].
+/// Opens the checkpoint in `dir` read-only and streams variable `var_name`'s rows (as of
+/// batch `at_batch`, default the latest) to `f`; see [`StateReader::read_state`].
 pub fn read_state(
     dir: &Path,
     var_name: &str,
     flatten: bool,
+    at_batch: Option<u64>,
     f: impl FnMut(Value) -> Result<(), EngineError>,
 ) -> Result<(), EngineError> {
-    StateReader::open(dir)?.read_state(var_name, flatten, f)
+    StateReader::open(dir)?.read_state(var_name, flatten, at_batch, f)
 }
 
 /// Opens the checkpoint in `dir` read-only and streams variable `var_name`'s changes in
@@ -780,7 +852,7 @@ mod tests {
 
     fn rows(dir: &Path, var: &str, flatten: bool) -> Vec<Value> {
         let mut out = Vec::new();
-        read_state(dir, var, flatten, |row| {
+        read_state(dir, var, flatten, None, |row| {
             out.push(row);
             Ok(())
         })
@@ -853,7 +925,7 @@ mod tests {
     fn a_callback_error_stops_the_scan() {
         let dir = checkpoint(TimeMode::None);
         let mut calls = 0;
-        let err = read_state(dir.path(), "events", false, |_| {
+        let err = read_state(dir.path(), "events", false, None, |_| {
             calls += 1;
             Err(EngineError::Io("broken pipe".into()))
         })
@@ -864,7 +936,7 @@ mod tests {
     #[test]
     fn unknown_variables_are_refused_with_the_known_ones() {
         let dir = checkpoint(TimeMode::None);
-        let err = read_state(dir.path(), "nope", true, |_| Ok(()))
+        let err = read_state(dir.path(), "nope", true, None, |_| Ok(()))
             .unwrap_err()
             .to_string();
         assert!(err.contains("unknown state variable `nope`"), "{err}");
@@ -902,9 +974,10 @@ mod tests {
         assert_eq!(m["operator_id"], 0);
         assert_eq!(m["operator_name"], "test-op");
         assert_eq!(m["num_partitions"], 3);
+        // The batches whose state can be read: without change logs, only the latest.
         assert_eq!(
             (m["min_batch_id"].clone(), m["max_batch_id"].clone()),
-            (json!(0), json!(2))
+            (json!(2), json!(2))
         );
         assert_eq!(m["time_mode"], "processing-time");
         assert_eq!(m["output_mode"], "update");
@@ -1034,6 +1107,121 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("unknown state variable `nope`"), "{err}");
+    }
+
+    /// Every row of every variable, flattened and not, as of `at_batch`.
+    fn all_rows(dir: &Path, at_batch: Option<u64>) -> Vec<Value> {
+        let mut out = Vec::new();
+        let reader = StateReader::open(dir).unwrap();
+        for var in ["profile", "events", "seen"] {
+            for flatten in [true, false] {
+                reader
+                    .read_state(var, flatten, at_batch, |row| {
+                        out.push(row);
+                        Ok(())
+                    })
+                    .unwrap();
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn time_travel_reads_each_retained_batch_as_it_was_read_live() {
+        let dir = checkpoint(TimeMode::ProcessingTime);
+        let k1 = br#"["u1",7]"#;
+        let k2 = br#"["u2",1]"#;
+        let k3 = br#"["u3",2]"#;
+        let (p1, p2, p3) = (
+            part(r#"["u1",7]"#) as u16,
+            part(r#"["u2",1]"#) as u16,
+            part(r#"["u3",2]"#) as u16,
+        );
+        // Batches 0 to 2 were committed without change logs: only the latest is readable.
+        let live2 = all_rows(dir.path(), None);
+        assert_eq!(all_rows(dir.path(), Some(2)), live2);
+        let err = read_state(dir.path(), "events", true, Some(1), |_| Ok(()))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("retains batches 2 to 2"), "{err}");
+
+        let cp = Checkpoint::open(dir.path()).unwrap();
+        let commit = |batch: u64, txns| {
+            let record = serde_json::to_vec(&commit_record(batch)).unwrap();
+            cp.commit(Commit {
+                txns,
+                meta: vec![
+                    ("head".to_owned(), Some(record.clone())),
+                    (crate::config::meta::commit(batch), Some(record)),
+                ],
+                changelog: Some(statebox_state::ChangelogWrite {
+                    batch_id: batch,
+                    retain_from: 0,
+                    partition_of: Box::new(|key: &[u8]| {
+                        part(std::str::from_utf8(key).unwrap()) as u16
+                    }),
+                }),
+                ..Commit::default()
+            })
+            .unwrap();
+            all_rows(dir.path(), None)
+        };
+        let mut live = vec![live2];
+        // 3: new values, a new key, appends, a map entry.
+        let mut t1 = cp.txn(p1);
+        t1.value_put(0, k1, stored(1, None, r#"{"name":"n3","visits":1}"#))
+            .unwrap();
+        t1.list_append(1, k1, vec![stored(0, None, "3")]).unwrap();
+        t1.map_put(2, k1, br#""c""#, stored(0, Some(2_500), "30"))
+            .unwrap();
+        let mut t3 = cp.txn(p3);
+        t3.value_put(0, k3, stored(1, None, r#"{"name":"u3","visits":9}"#))
+            .unwrap();
+        live.push(commit(3, vec![t1, t3]));
+        // 4: delete-if-exists of a present and a missing value, a cleared list, a removed
+        // map entry, and TTL cleanup of the map entry expiring at 900.
+        let mut t1 = cp.txn(p1);
+        t1.value_delete(0, k1).unwrap();
+        t1.map_remove(2, k1, br#""b""#).unwrap();
+        assert_eq!(t1.ttl_cleanup(1_000).unwrap(), 1);
+        let mut t2 = cp.txn(p2);
+        t2.value_delete(0, br#"["nobody",0]"#).unwrap();
+        t2.list_clear(1, k2).unwrap();
+        live.push(commit(4, vec![t1, t2]));
+        // 5: a key comes back, a list is replaced, TTL cleanup empties the map.
+        let mut t1 = cp.txn(p1);
+        t1.value_put(0, k1, stored(1, None, r#"{"name":"back","visits":5}"#))
+            .unwrap();
+        t1.list_put(1, k1, vec![stored(0, None, "7")]).unwrap();
+        assert_eq!(t1.ttl_cleanup(3_000).unwrap(), 1);
+        live.push(commit(5, vec![t1]));
+        // 6: no change.
+        live.push(commit(6, vec![]));
+        drop(cp);
+
+        assert_eq!(live.len(), 5);
+        for (i, want) in live.iter().enumerate() {
+            let batch = i as u64 + 2;
+            assert_eq!(&all_rows(dir.path(), Some(batch)), want, "batch {batch}");
+        }
+        assert_ne!(live[0], live[3]);
+        let meta = read_metadata(dir.path()).unwrap();
+        assert_eq!(
+            (meta["min_batch_id"].clone(), meta["max_batch_id"].clone()),
+            (json!(2), json!(6))
+        );
+        for batch in [1, 7] {
+            let err = read_state(dir.path(), "seen", false, Some(batch), |_| Ok(()))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(&format!(
+                    "the state of batch {batch} is not available: the checkpoint retains \
+                     batches 2 to 6"
+                )),
+                "{err}"
+            );
+        }
     }
 
     #[test]

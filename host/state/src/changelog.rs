@@ -3,20 +3,28 @@
 //!
 //! One RocksDB value per `(batch, partition)` ([`keys::changelog_key`]) holds the entries
 //! back to back, each `[keylen u32][state key][tag u8]` followed by `[len u32][stored value]`
-//! when the tag is [`PUT`]. The state key is the full key of the value, element or entry
+//! when the tag is a put ([`PUT`], [`PUT_BEFORE`]). Tags [`DELETE_BEFORE`] and
+//! [`PUT_BEFORE`] add the key's before-image, its committed bytes before the batch:
+//! `[present u8]`, then `[len u32][stored value]` when present. Undoing the batches after
+//! `N`, newest first, with the before-images gives the state committed at batch `N` (see
+//! [`crate::Checkpoint::undo_since`]). The state key is the full key of the value, element or entry
 //! (`[ns][var][keylen][key][suffix]`). Entries of one log are concatenations, so logs built
 //! in different places (a transaction's seal, a commit's range enumeration) simply append.
 //!
 //! A batch marker ([`keys::changelog_marker`]) is written for every batch whose log was
 //! recorded, changed or not, so the retained batch range is known.
 
-use crate::engine::WriteOp;
+use crate::engine::{KvEngine, WriteOp};
 use crate::{Result, StoreError, keys};
 
-/// Tag of a delete entry.
+/// Tag of a delete entry without a before-image (logs written before before-images were).
 const DELETE: u8 = 0;
-/// Tag of a put entry.
+/// Tag of a put entry without a before-image.
 const PUT: u8 = 1;
+/// Tag of a delete entry followed by its before-image.
+const DELETE_BEFORE: u8 = 2;
+/// Tag of a put entry followed by its before-image.
+const PUT_BEFORE: u8 = 3;
 
 /// Whether writes to namespace `ns` belong in the change log.
 #[inline]
@@ -24,42 +32,51 @@ pub(crate) fn logged(ns: u8) -> bool {
     matches!(ns, keys::VALUE | keys::LIST | keys::MAP)
 }
 
-/// Appends one entry: `value` is the new stored bytes, `None` a delete.
+/// Appends one entry: `value` is the new stored bytes, `None` a delete; `before` the
+/// committed bytes before the batch, `None` if the key had none.
 #[inline]
-pub(crate) fn push(out: &mut Vec<u8>, key: &[u8], value: Option<&[u8]>) {
+pub(crate) fn push(out: &mut Vec<u8>, key: &[u8], value: Option<&[u8]>, before: Option<&[u8]>) {
     out.extend_from_slice(&len32(key.len()).to_be_bytes());
     out.extend_from_slice(key);
     match value {
         Some(v) => {
-            out.push(PUT);
-            out.extend_from_slice(&len32(v.len()).to_be_bytes());
-            out.extend_from_slice(v);
+            out.push(PUT_BEFORE);
+            push_bytes(out, v);
         }
-        None => out.push(DELETE),
+        None => out.push(DELETE_BEFORE),
+    }
+    match before {
+        Some(b) => {
+            out.push(1);
+            push_bytes(out, b);
+        }
+        None => out.push(0),
     }
 }
 
-/// Appends the entries of the logged point writes among `ops`.
-pub(crate) fn push_ops(out: &mut Vec<u8>, ops: &[WriteOp]) {
-    // One allocation of the exact size.
-    let size: usize = ops
+fn push_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.extend_from_slice(&len32(bytes.len()).to_be_bytes());
+    out.extend_from_slice(bytes);
+}
+
+/// Appends the entries of the logged point writes among `ops`, reading each key's
+/// before-image from `engine` (the committed state the batch ran on) in one batched read.
+pub(crate) fn push_ops(out: &mut Vec<u8>, ops: &[WriteOp], engine: &dyn KvEngine) -> Result<()> {
+    let logged_ops: Vec<(&[u8], Option<&[u8]>)> = ops
         .iter()
-        .map(|op| match op {
-            WriteOp::Put(k, v) if k.first().is_some_and(|&ns| logged(ns)) => {
-                4 + k.len() + 1 + 4 + v.len()
-            }
-            WriteOp::Delete(k) if k.first().is_some_and(|&ns| logged(ns)) => 4 + k.len() + 1,
-            _ => 0,
+        .filter_map(|op| match op {
+            WriteOp::Put(k, v) => Some((k.as_slice(), Some(v.as_slice()))),
+            WriteOp::Delete(k) => Some((k.as_slice(), None)),
+            WriteOp::DeleteRange(..) => None,
         })
-        .sum();
-    out.reserve_exact(size);
-    for op in ops {
-        match op {
-            WriteOp::Put(k, v) if k.first().is_some_and(|&ns| logged(ns)) => push(out, k, Some(v)),
-            WriteOp::Delete(k) if k.first().is_some_and(|&ns| logged(ns)) => push(out, k, None),
-            _ => {}
-        }
-    }
+        .filter(|(k, _)| k.first().is_some_and(|&ns| logged(ns)))
+        .collect();
+    let keys: Vec<&[u8]> = logged_ops.iter().map(|(k, _)| *k).collect();
+    engine.get_many(&keys, &mut |i, before| {
+        let (k, v) = logged_ops[i];
+        push(out, k, v, before);
+        Ok(())
+    })
 }
 
 fn len32(len: usize) -> u32 {
@@ -76,6 +93,9 @@ pub struct Change<'a> {
     /// The new stored value bytes (decode with [`crate::StoredValue::decode`]); `None` for a
     /// delete.
     pub value: Option<&'a [u8]>,
+    /// The before-image: the committed bytes before the batch (`Some(None)` if the key had
+    /// none); `None` when the log did not record it.
+    pub before: Option<Option<&'a [u8]>>,
 }
 
 /// The changes of one stored change log, in the order they were logged.
@@ -108,15 +128,26 @@ impl<'a> Changes<'a> {
     fn entry(&mut self) -> Result<Change<'a>> {
         let n = self.len()?;
         let key = self.take(n)?;
-        let value = match self.take(1)?[0] {
-            DELETE => None,
-            PUT => {
-                let n = self.len()?;
-                Some(self.take(n)?)
-            }
+        let tag = self.take(1)?[0];
+        let value = match tag {
+            DELETE | DELETE_BEFORE => None,
+            PUT | PUT_BEFORE => Some(self.bytes()?),
             _ => return Err(StoreError::Corrupt("malformed change log".into())),
         };
-        Ok(Change { key, value })
+        let before = match tag {
+            DELETE_BEFORE | PUT_BEFORE => Some(match self.take(1)?[0] {
+                0 => None,
+                1 => Some(self.bytes()?),
+                _ => return Err(StoreError::Corrupt("malformed change log".into())),
+            }),
+            _ => None,
+        };
+        Ok(Change { key, value, before })
+    }
+
+    fn bytes(&mut self) -> Result<&'a [u8]> {
+        let n = self.len()?;
+        self.take(n)
     }
 }
 
@@ -142,30 +173,40 @@ mod tests {
     #[test]
     fn entries_roundtrip_and_truncation_is_corrupt() {
         let mut log = Vec::new();
-        push(&mut log, b"\x02k1", Some(b"v1"));
-        push(&mut log, b"\x05k2", None);
-        push(&mut log, b"", Some(b""));
+        push(&mut log, b"\x02k1", Some(b"v1"), None);
+        push(&mut log, b"\x05k2", None, Some(b"old"));
+        push(&mut log, b"", Some(b""), Some(b""));
+        // An entry of a log written without before-images.
+        log.extend_from_slice(b"\0\0\0\x02\x03k\x01\0\0\0\x01v");
         let got: Vec<Change<'_>> = decode(&log).collect::<Result<_>>().unwrap();
         assert_eq!(
             got,
             [
                 Change {
                     key: b"\x02k1",
-                    value: Some(b"v1")
+                    value: Some(b"v1"),
+                    before: Some(None),
                 },
                 Change {
                     key: b"\x05k2",
-                    value: None
+                    value: None,
+                    before: Some(Some(b"old")),
                 },
                 Change {
                     key: b"",
-                    value: Some(b"")
+                    value: Some(b""),
+                    before: Some(Some(b"")),
+                },
+                Change {
+                    key: b"\x03k",
+                    value: Some(b"v"),
+                    before: None,
                 },
             ]
         );
         let cut: Vec<Result<Change<'_>>> = decode(&log[..log.len() - 2]).collect();
-        assert_eq!(cut.len(), 3);
-        assert!(cut[2].is_err());
+        assert_eq!(cut.len(), 4);
+        assert!(cut[3].is_err());
         assert_eq!(decode(&[]).count(), 0);
     }
 }

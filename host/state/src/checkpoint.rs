@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::ops::Bound;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -24,6 +25,25 @@ const DB_DIR: &str = "state";
 #[derive(Clone)]
 pub struct Checkpoint {
     engine: Arc<dyn KvEngine>,
+}
+
+/// Per state key, its stored bytes at an earlier batch (`None`: absent then), overriding the
+/// committed state; made by [`Checkpoint::undo_since`].
+#[derive(Debug, Default)]
+pub struct Undo {
+    entries: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+}
+
+impl Undo {
+    /// Number of keys whose value differs from the committed one.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether nothing is undone.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
 }
 
 /// Everything one micro-batch changes, applied atomically by [`Checkpoint::commit`].
@@ -149,9 +169,20 @@ impl Checkpoint {
     pub fn scan_values(
         &self,
         var: VarId,
+        f: impl FnMut(&[u8], StoredValue) -> Result<bool>,
+    ) -> Result<()> {
+        self.scan_values_at(var, &Undo::default(), f)
+    }
+
+    /// [`scan_values`](Self::scan_values) of the state committed at an earlier batch:
+    /// the committed state with `undo` (see [`undo_since`](Self::undo_since)) applied.
+    pub fn scan_values_at(
+        &self,
+        var: VarId,
+        undo: &Undo,
         mut f: impl FnMut(&[u8], StoredValue) -> Result<bool>,
     ) -> Result<()> {
-        self.scan_var(keys::VALUE, var, &mut |key, suffix, value| {
+        self.scan_var(keys::VALUE, var, undo, &mut |key, suffix, value| {
             if !suffix.is_empty() {
                 return Err(StoreError::Corrupt("malformed value state key".into()));
             }
@@ -165,9 +196,20 @@ impl Checkpoint {
     pub fn scan_list(
         &self,
         var: VarId,
+        f: impl FnMut(&[u8], u64, StoredValue) -> Result<bool>,
+    ) -> Result<()> {
+        self.scan_list_at(var, &Undo::default(), f)
+    }
+
+    /// [`scan_list`](Self::scan_list) of the state committed at an earlier batch (see
+    /// [`scan_values_at`](Self::scan_values_at)).
+    pub fn scan_list_at(
+        &self,
+        var: VarId,
+        undo: &Undo,
         mut f: impl FnMut(&[u8], u64, StoredValue) -> Result<bool>,
     ) -> Result<()> {
-        self.scan_var(keys::LIST, var, &mut |key, suffix, value| {
+        self.scan_var(keys::LIST, var, undo, &mut |key, suffix, value| {
             let seq = <[u8; keys::SEQ_LEN]>::try_from(suffix)
                 .map_err(|_| StoreError::Corrupt("malformed list element key".into()))?;
             f(key, u64::from_be_bytes(seq), value)
@@ -180,9 +222,20 @@ impl Checkpoint {
     pub fn scan_map(
         &self,
         var: VarId,
+        f: impl FnMut(&[u8], &[u8], StoredValue) -> Result<bool>,
+    ) -> Result<()> {
+        self.scan_map_at(var, &Undo::default(), f)
+    }
+
+    /// [`scan_map`](Self::scan_map) of the state committed at an earlier batch (see
+    /// [`scan_values_at`](Self::scan_values_at)).
+    pub fn scan_map_at(
+        &self,
+        var: VarId,
+        undo: &Undo,
         mut f: impl FnMut(&[u8], &[u8], StoredValue) -> Result<bool>,
     ) -> Result<()> {
-        self.scan_var(keys::MAP, var, &mut |key, user_key, value| {
+        self.scan_var(keys::MAP, var, undo, &mut |key, user_key, value| {
             f(key, user_key, value)
         })
     }
@@ -197,13 +250,86 @@ impl Checkpoint {
         })
     }
 
-    /// Scans one variable's entries in namespace `ns`: `(grouping key, suffix, value)`.
-    fn scan_var(&self, ns: u8, var: VarId, f: &mut VarScanFn<'_>) -> Result<()> {
+    /// Scans one variable's entries in namespace `ns`: `(grouping key, suffix, value)`,
+    /// merging `undo`'s entries over the committed ones in key order.
+    fn scan_var(&self, ns: u8, var: VarId, undo: &Undo, f: &mut VarScanFn<'_>) -> Result<()> {
         let (start, end) = keys::var_range(ns, var);
-        self.engine.scan(&start, &end, &mut |k, v| {
+        let mut emit = |k: &[u8], v: &[u8]| -> Result<bool> {
             let (_, key, suffix) = keys::decode_var_key(ns, k)?;
             f(key, suffix, StoredValue::decode(v)?)
-        })
+        };
+        let mut pending = undo
+            .entries
+            .range::<[u8], _>((Bound::Included(&start[..]), Bound::Excluded(&end[..])))
+            .peekable();
+        let mut stopped = false;
+        self.engine.scan(&start, &end, &mut |k, v| {
+            while let Some((uk, uv)) = pending.next_if(|(uk, _)| uk.as_slice() < k) {
+                if let Some(uv) = uv
+                    && !emit(uk, uv)?
+                {
+                    stopped = true;
+                    return Ok(false);
+                }
+            }
+            let go_on = match pending.next_if(|(uk, _)| uk.as_slice() == k) {
+                Some((_, Some(uv))) => emit(k, uv)?,
+                Some((_, None)) => true,
+                None => emit(k, v)?,
+            };
+            stopped = !go_on;
+            Ok(go_on)
+        })?;
+        if !stopped {
+            for (uk, uv) in pending {
+                if let Some(uv) = uv
+                    && !emit(uk, uv)?
+                {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// What undoes, for variable `var`, the batches after `batch` up to the latest committed
+    /// one, `latest`: per key they changed, its before-image in the first of them that
+    /// changed it. Scanning with it (e.g. [`scan_values_at`](Self::scan_values_at)) shows the
+    /// state committed at `batch`. Memory grows with the keys changed since `batch`.
+    ///
+    /// The change logs of batches `batch + 1..=latest` must be retained (the caller checks
+    /// the range); a log written without before-images is an error.
+    pub fn undo_since(&self, var: VarId, batch: u64, latest: u64) -> Result<Undo> {
+        let mut undo = Undo::default();
+        if batch >= latest {
+            return Ok(undo);
+        }
+        let ranges: Vec<(Vec<u8>, Vec<u8>)> = [keys::VALUE, keys::LIST, keys::MAP]
+            .into_iter()
+            .map(|ns| keys::var_range(ns, var))
+            .collect();
+        self.scan_changelog(batch + 1, latest, |logged_batch, _, log| {
+            for change in changelog::decode(log) {
+                let change = change?;
+                if !ranges
+                    .iter()
+                    .any(|(s, e)| change.key >= s.as_slice() && change.key < e.as_slice())
+                {
+                    continue;
+                }
+                let Some(before) = change.before else {
+                    return Err(StoreError::Corrupt(format!(
+                        "the change log of batch {logged_batch} has no before-images (written \
+                         by an older Statebox), so earlier batches cannot be reconstructed"
+                    )));
+                };
+                undo.entries
+                    .entry(change.key.to_vec())
+                    .or_insert_with(|| before.map(<[u8]>::to_vec));
+            }
+            Ok(true)
+        })?;
+        Ok(undo)
     }
 
     /// Durably (fsynced) writes one metadata blob outside any batch, e.g. the batch plan
@@ -244,10 +370,10 @@ impl Checkpoint {
             for ns in keys::VAR_NAMESPACES {
                 let (start, end) = keys::var_range(ns, *var);
                 if let Some(cl) = changelog.as_ref().filter(|_| changelog::logged(ns)) {
-                    self.engine.scan(&start, &end, &mut |k, _| {
+                    self.engine.scan(&start, &end, &mut |k, v| {
                         let (_, key, _) = keys::decode_var_key(ns, k)?;
                         let log = logs.entry((cl.partition_of)(key)).or_default();
-                        changelog::push(log, k, None);
+                        changelog::push(log, k, None, Some(v));
                         Ok(true)
                     })?;
                 }
@@ -260,6 +386,7 @@ impl Checkpoint {
             let partition = txn.partition();
             let (ops, changes) = txn.into_parts();
             if logging {
+                let changes = changes?;
                 let log = logs.entry(partition).or_default();
                 if log.is_empty() {
                     *log = changes;
@@ -311,12 +438,12 @@ impl Checkpoint {
             if !start.first().is_some_and(|&ns| changelog::logged(ns)) {
                 continue;
             }
-            self.engine.scan(start, end, &mut |k, _| {
+            self.engine.scan(start, end, &mut |k, v| {
                 let put_again = ops
                     .binary_search_by(|op| op_key(op).cmp(k))
                     .is_ok_and(|i| matches!(ops[i], WriteOp::Put(..)));
                 if !put_again {
-                    changelog::push(log, k, None);
+                    changelog::push(log, k, None, Some(v));
                 }
                 Ok(true)
             })?;

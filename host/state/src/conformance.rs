@@ -1063,6 +1063,140 @@ fn metadata_is_visited_one_blob_at_a_time(fx: Fixture) {
     assert_eq!(names[2], (format!("commit/{:020}", 2), b"2".to_vec()));
 }
 
+/// Every entry of value variable 1, list variable 2 and map variable 3, as committed at
+/// `batch` (undoing the batches after it up to `latest`), written `v:key=payload`,
+/// `l:key#seq=payload`, `m:key.user=payload`.
+fn state_at(fx: &Fixture, batch: u64, latest: u64) -> Vec<String> {
+    let cp = fx.cp();
+    let text = |v: StoredValue| String::from_utf8(v.payload).unwrap();
+    let mut out = Vec::new();
+    cp.scan_values_at(1, &cp.undo_since(1, batch, latest).unwrap(), |k, v| {
+        out.push(format!("v:{}={}", String::from_utf8_lossy(k), text(v)));
+        Ok(true)
+    })
+    .unwrap();
+    cp.scan_list_at(2, &cp.undo_since(2, batch, latest).unwrap(), |k, seq, v| {
+        out.push(format!(
+            "l:{}#{seq}={}",
+            String::from_utf8_lossy(k),
+            text(v)
+        ));
+        Ok(true)
+    })
+    .unwrap();
+    cp.scan_map_at(3, &cp.undo_since(3, batch, latest).unwrap(), |k, uk, v| {
+        let (k, uk) = (String::from_utf8_lossy(k), String::from_utf8_lossy(uk));
+        out.push(format!("m:{k}.{uk}={}", text(v)));
+        Ok(true)
+    })
+    .unwrap();
+    out
+}
+
+fn changelog_before_images_rebuild_every_earlier_batch(mut fx: Fixture) {
+    let big = POINT_DELETE_LIMIT + 3;
+    let mut seen = Vec::new();
+    let mut batch = 0;
+    let mut commit = |fx: &mut Fixture, drop_vars: Vec<u32>, txns: Vec<PartitionTxn>| {
+        commit_logged(fx, batch, drop_vars, txns);
+        seen.push(state_at(fx, batch, batch));
+        batch += 1;
+    };
+    let mut a = fx.cp().txn(0);
+    a.value_put(1, b"a", v("a0")).unwrap();
+    a.value_put(1, b"c", vt("c0", 100)).unwrap();
+    a.list_append(2, b"a", numbered(0..big)).unwrap();
+    a.map_put(3, b"a", b"x", v("x0")).unwrap();
+    a.map_put(3, b"a", b"y", vt("y0", 100)).unwrap();
+    let mut b = fx.cp().txn(1);
+    b.value_put(1, b"b", v("b0")).unwrap();
+    b.list_append(2, b"b", vec![v("p"), v("q")]).unwrap();
+    commit(&mut fx, vec![], vec![a, b]);
+
+    // Overwrites, a delete-if-exists of a missing key, a removed map entry.
+    let mut a = fx.cp().txn(0);
+    a.value_put(1, b"a", v("a1")).unwrap();
+    a.value_delete(1, b"zz").unwrap();
+    a.map_remove(3, b"a", b"x").unwrap();
+    a.map_put(3, b"a", b"z", v("z1")).unwrap();
+    let mut b = fx.cp().txn(1);
+    b.value_delete(1, b"b").unwrap();
+    b.list_append(2, b"b", vec![v("r")]).unwrap();
+    commit(&mut fx, vec![], vec![a, b]);
+
+    // A clear of a big list (a range tombstone) then appends; TTL cleanup.
+    let mut a = fx.cp().txn(0);
+    a.list_clear(2, b"a").unwrap();
+    a.list_append(2, b"a", vec![v("new")]).unwrap();
+    assert!(a.ttl_cleanup(500).unwrap() >= 2);
+    commit(&mut fx, vec![], vec![a]);
+    fx.reopen();
+
+    // A key comes back; the map variable is dropped.
+    let mut b = fx.cp().txn(1);
+    b.value_put(1, b"b", v("b3")).unwrap();
+    commit(&mut fx, vec![3], vec![b]);
+
+    // An empty batch.
+    commit(&mut fx, vec![], vec![]);
+
+    let latest = batch - 1;
+    assert_ne!(seen[0], seen[latest as usize]);
+    for (at, want) in seen.iter().enumerate() {
+        assert_eq!(&state_at(&fx, at as u64, latest), want, "batch {at}");
+    }
+    assert!(seen[0].contains(&"m:a.y=y0".to_owned()));
+    assert!(!seen[2].contains(&"m:a.y=y0".to_owned()));
+
+    // Scans stop when asked, also inside the undone entries.
+    let undo = fx.cp().undo_since(2, 0, latest).unwrap();
+    assert!(!undo.is_empty());
+    let mut calls = 0;
+    fx.cp()
+        .scan_list_at(2, &undo, |_, _, _| {
+            calls += 1;
+            Ok(calls < 2)
+        })
+        .unwrap();
+    assert_eq!(calls, 2);
+}
+
+fn get_many_reads_keys_in_order_across_chunks(fx: Fixture) {
+    let mut txn = fx.cp().txn(0);
+    for i in (0..2_500).step_by(2) {
+        txn.value_put(1, format!("k{i:05}").as_bytes(), v(&i.to_string()))
+            .unwrap();
+    }
+    fx.commit(vec![txn]);
+    let keys: Vec<Vec<u8>> = (0..2_500)
+        .map(|i| keys::value_key(1, format!("k{i:05}").as_bytes()))
+        .collect();
+    let mut refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+    // Out of order too.
+    refs.swap(0, 2_000);
+    let mut got = Vec::new();
+    fx.cp()
+        .engine()
+        .get_many(&refs, &mut |i, value| {
+            let value =
+                value.map(|b| String::from_utf8(StoredValue::decode(b).unwrap().payload).unwrap());
+            got.push((i, value));
+            Ok(())
+        })
+        .unwrap();
+    let want: Vec<(usize, Option<String>)> = (0..2_500)
+        .map(|i| {
+            let n = match i {
+                0 => 2_000,
+                2_000 => 0,
+                n => n,
+            };
+            (i, (n % 2 == 0).then(|| n.to_string()))
+        })
+        .collect();
+    assert_eq!(got, want);
+}
+
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
         mod mem {
@@ -1104,6 +1238,8 @@ conformance!(
     changelog_lists_the_entries_of_dropped_variables,
     changelog_shows_ttl_cleanup_as_deletes,
     changelog_keeps_the_last_batches_only,
+    changelog_before_images_rebuild_every_earlier_batch,
+    get_many_reads_keys_in_order_across_chunks,
 );
 
 #[test]

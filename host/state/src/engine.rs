@@ -11,6 +11,9 @@ use crate::Result;
 /// A point read's callback: receives the stored bytes.
 pub type GetFn<'a> = dyn FnMut(&[u8]) -> Result<()> + 'a;
 
+/// A multi-key read's callback: receives the index of a key and its stored bytes, if any.
+pub type GetManyFn<'a> = dyn FnMut(usize, Option<&[u8]>) -> Result<()> + 'a;
+
 /// A scan's callback: receives `(key, value)` and returns whether to continue.
 pub type ScanFn<'a> = dyn FnMut(&[u8], &[u8]) -> Result<bool> + 'a;
 
@@ -21,6 +24,18 @@ pub type ScanFn<'a> = dyn FnMut(&[u8], &[u8]) -> Result<bool> + 'a;
 pub trait KvEngine: Send + Sync + 'static {
     /// Calls `f` with the value stored at `key`, if there is one; returns whether there was.
     fn get_with(&self, key: &[u8], f: &mut GetFn<'_>) -> Result<bool>;
+
+    /// Calls `f` with the index and stored value (if any) of each of `keys`, in order. Faster
+    /// than one [`get_with`](Self::get_with) per key on backends that batch lookups,
+    /// especially for keys in ascending order.
+    fn get_many(&self, keys: &[&[u8]], f: &mut GetManyFn<'_>) -> Result<()> {
+        for (i, key) in keys.iter().enumerate() {
+            if !self.get_with(key, &mut |v| f(i, Some(v)))? {
+                f(i, None)?;
+            }
+        }
+        Ok(())
+    }
 
     /// Calls `f` for every entry with `start <= key < end`, in ascending key order, until `f`
     /// returns `false`. Memory use is bounded regardless of how many entries the range holds.

@@ -34,8 +34,8 @@ mod value;
 #[cfg(test)]
 mod conformance;
 
-pub use checkpoint::{ChangelogWrite, Checkpoint, Commit};
-pub use engine::{GetFn, KvEngine, ScanFn, WriteBatch, WriteOp};
+pub use checkpoint::{ChangelogWrite, Checkpoint, Commit, Undo};
+pub use engine::{GetFn, GetManyFn, KvEngine, ScanFn, WriteBatch, WriteOp};
 pub use txn::PartitionTxn;
 pub use value::StoredValue;
 

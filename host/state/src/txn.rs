@@ -83,8 +83,9 @@ struct Sealed {
     ops: Vec<WriteOp>,
     point_writes: usize,
     /// The change log entries of `ops`' point writes (see [`crate::changelog`]); the
-    /// commit adds the keys `ops`' range tombstones remove.
-    changes: Vec<u8>,
+    /// commit adds the keys `ops`' range tombstones remove. Reading the before-images may
+    /// fail; the commit reports it.
+    changes: Result<Vec<u8>>,
 }
 
 impl PartitionTxn {
@@ -544,7 +545,7 @@ impl PartitionTxn {
             let point_writes = overlay.writes;
             let ops = overlay.into_ops();
             let mut changes = Vec::new();
-            changelog::push_ops(&mut changes, &ops);
+            let changes = changelog::push_ops(&mut changes, &ops, &*self.engine).map(|()| changes);
             self.sealed = Some(Sealed {
                 ops,
                 point_writes,
@@ -561,9 +562,10 @@ impl PartitionTxn {
 
     /// The write-batch operations and the point writes' change log entries, sealing first
     /// if needed.
-    pub(crate) fn into_parts(mut self) -> (Vec<WriteOp>, Vec<u8>) {
+    pub(crate) fn into_parts(mut self) -> (Vec<WriteOp>, Result<Vec<u8>>) {
         self.seal();
-        self.sealed.map(|s| (s.ops, s.changes)).unwrap_or_default()
+        self.sealed
+            .map_or((Vec::new(), Ok(Vec::new())), |s| (s.ops, s.changes))
     }
 
     /// Number of write-batch operations [`Self::into_ops`] gives (an estimate before
