@@ -348,6 +348,24 @@ fn run_prints_progress_as_json_lines() {
         .collect();
     let input_rows: Vec<&Value> = printed.iter().map(|p| &p["input_rows"]).collect();
     assert_eq!(input_rows, [&json!(2), &json!(1)]);
+    // The counter declares one variable of each kind; the other progress fields are there.
+    assert_eq!(
+        printed[0]["variables"],
+        json!({"value": 1, "list": 1, "map": 1})
+    );
+    for field in [
+        "rows_per_s",
+        "timers_ms",
+        "ttl_ms",
+        "state_bytes_on_disk",
+        "late_rows",
+    ] {
+        assert!(
+            printed[0].get(field).is_some(),
+            "no `{field}` in {}",
+            printed[0]
+        );
+    }
     // The stored record estimates the commit's own duration before writing it; every
     // other field is the same.
     let counts = |records: &[Value]| -> Vec<(Value, Value, Value)> {

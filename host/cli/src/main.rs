@@ -10,6 +10,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::io::IsTerminal;
+
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use statebox_engine::{EventTimeOptions, OutputMode, Query, QueryOptions, TimeMode};
@@ -276,6 +278,8 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let mut query = Query::open(opts, Arc::new(processor))?;
     let progress_json = args.progress_json;
+    let live = std::io::stderr().is_terminal();
+    let line_open = std::cell::Cell::new(false);
     let report = |r: &statebox_engine::BatchReport| {
         let c = &r.commit;
         if progress_json {
@@ -284,11 +288,12 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
                 serde_json::to_string(c).expect("a commit record serialises")
             );
         }
-        eprintln!(
-            "batch {}: {} rows, {} keys, {} output rows, {} late, {} timers fired, {} expired by TTL, \
-             watermark {} in {} ms (read {} ms, process {} ms, commit {} ms)",
+        let line = format!(
+            "batch {}: {} rows ({} rows/s), {} keys, {} output rows, {} late, {} timers fired, \
+             {} expired by TTL, watermark {} in {} ms (read {} ms, process {} ms, commit {} ms)",
             c.batch_id,
             c.input_rows,
+            c.rows_per_s,
             c.keys,
             c.output_rows,
             c.late_rows,
@@ -300,43 +305,61 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             c.process_ms,
             c.commit_ms
         );
+        // On a terminal the line is rewritten in place (a live progress line); in a log
+        // every batch keeps its line.
+        if live {
+            eprint!("\r\x1b[2K{line}");
+            line_open.set(true);
+        } else {
+            eprintln!("{line}");
+        }
     };
-    match args.trigger {
-        Trigger::AvailableNow => {
-            let reports = query.run_available(report)?;
-            if reports.is_empty() {
-                eprintln!(
-                    "no new input; output is up to date in {}",
-                    args.output.display()
-                );
-            }
-        }
-        Trigger::Interval(every) => {
-            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let flag = stop.clone();
-            ctrlc::set_handler(move || flag.store(true, std::sync::atomic::Ordering::SeqCst))
-                .context("cannot install the Ctrl-C handler")?;
-            let time_mode = query.config().time_mode;
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                let started = std::time::Instant::now();
-                match query.run_next(None)? {
-                    Some(r) => report(&r),
-                    // Without new input, a no-data batch still fires timers and TTL.
-                    None if time_mode != TimeMode::None => report(&query.run_no_data(None)?),
-                    None => {}
-                }
-                let elapsed = started.elapsed();
-                let mut left = every.saturating_sub(elapsed);
-                while !left.is_zero() && !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                    let step = left.min(Duration::from_millis(50));
-                    std::thread::sleep(step);
-                    left -= step;
+    let outcome = (|| -> anyhow::Result<()> {
+        match args.trigger {
+            Trigger::AvailableNow => {
+                let reports = query.run_available(report)?;
+                if reports.is_empty() {
+                    eprintln!(
+                        "no new input; output is up to date in {}",
+                        args.output.display()
+                    );
                 }
             }
-            eprintln!("stopped after the last committed batch");
+            Trigger::Interval(every) => {
+                let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let flag = stop.clone();
+                ctrlc::set_handler(move || flag.store(true, std::sync::atomic::Ordering::SeqCst))
+                    .context("cannot install the Ctrl-C handler")?;
+                let time_mode = query.config().time_mode;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let started = std::time::Instant::now();
+                    match query.run_next(None)? {
+                        Some(r) => report(&r),
+                        // Without new input, a no-data batch still fires timers and TTL.
+                        None if time_mode != TimeMode::None => report(&query.run_no_data(None)?),
+                        None => {}
+                    }
+                    let elapsed = started.elapsed();
+                    let mut left = every.saturating_sub(elapsed);
+                    while !left.is_zero() && !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                        let step = left.min(Duration::from_millis(50));
+                        std::thread::sleep(step);
+                        left -= step;
+                    }
+                }
+                if line_open.replace(false) {
+                    eprintln!();
+                }
+                eprintln!("stopped after the last committed batch");
+            }
         }
+        Ok(())
+    })();
+    // End the live progress line before any further message.
+    if line_open.get() {
+        eprintln!();
     }
-    Ok(())
+    outcome
 }
 
 #[cfg(test)]

@@ -174,6 +174,22 @@ pub struct CommitRecord {
     /// State values, list elements and map entries removed by TTL.
     #[serde(default)]
     pub ttl_removed: u64,
+    /// Milliseconds spent firing timers (the slowest partition).
+    #[serde(default)]
+    pub timers_ms: u64,
+    /// Milliseconds spent removing expired state (the slowest partition).
+    #[serde(default)]
+    pub ttl_ms: u64,
+    /// Input rows per second of the batch's wall time.
+    #[serde(default)]
+    pub rows_per_s: f64,
+    /// State variables by kind after the batch: value, list, map.
+    #[serde(default)]
+    pub variables: VariableCounts,
+    /// Bytes of the state database on disk (SST files) after the commit; estimated before
+    /// writing the record, so it reflects the previous batches' flushed state.
+    #[serde(default)]
+    pub state_bytes_on_disk: u64,
     /// The watermark the next batch runs with: the largest event time seen so far minus
     /// the delay, never decreasing. -1 outside event-time mode.
     #[serde(default = "no_watermark")]
@@ -182,6 +198,17 @@ pub struct CommitRecord {
 
 fn no_watermark() -> i64 {
     -1
+}
+
+/// How many state variables of each kind a query has.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VariableCounts {
+    /// Value state variables.
+    pub value: u32,
+    /// List state variables.
+    pub list: u32,
+    /// Map state variables.
+    pub map: u32,
 }
 
 /// Consumption of one input file, committed with every batch that read it.

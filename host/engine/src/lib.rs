@@ -26,12 +26,14 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use statebox_runtime::catalog::Catalog;
+use statebox_runtime::catalog::{Catalog, VarKind};
 use statebox_runtime::{BatchTimes, CallError, CallErrorKind};
 use statebox_state::{ChangelogWrite, Checkpoint, Commit, StoreError};
 
 use crate::config::meta;
-pub use crate::config::{BatchPlan, CommitRecord, FileProgress, OutputMode, QueryConfig, TimeMode};
+pub use crate::config::{
+    BatchPlan, CommitRecord, FileProgress, OutputMode, QueryConfig, TimeMode, VariableCounts,
+};
 use crate::input::{Origin, PartitionInput};
 pub use crate::processor::{PartitionProcessor, ProcessorFactory};
 pub use crate::reader::StateReader;
@@ -497,10 +499,12 @@ impl Query {
         let mut txns = Vec::with_capacity(results.len());
         let mut output = Vec::new();
         let mut output_rows = 0u64;
-        let (mut timers_fired, mut ttl_removed) = (0, 0);
+        let (mut timers_fired, mut ttl_removed, mut timers_ms, mut ttl_ms) = (0, 0, 0, 0);
         for r in results {
             timers_fired += r.timers_fired;
             ttl_removed += r.ttl_removed;
+            timers_ms = timers_ms.max(r.timers_ms);
+            ttl_ms = ttl_ms.max(r.ttl_ms);
             txns.push(r.txn);
             for row in r.rows {
                 output.extend_from_slice(row.as_bytes());
@@ -525,6 +529,11 @@ impl Query {
             late_rows: stats.late_rows,
             timers_fired,
             ttl_removed,
+            timers_ms,
+            ttl_ms,
+            rows_per_s: 0.0,
+            variables: VariableCounts::default(),
+            state_bytes_on_disk: self.checkpoint.disk_bytes(),
             next_watermark_ms: match self.config.time_mode {
                 TimeMode::EventTime => {
                     let seen = stats.max_event_time_ms.map_or(i64::MIN, |m| {
@@ -537,6 +546,13 @@ impl Query {
         };
         let (drop_vars, catalog_json) = {
             let catalog = self.catalog.lock().expect("catalog lock poisoned");
+            for var in catalog.vars() {
+                match var.kind {
+                    VarKind::Value => commit.variables.value += 1,
+                    VarKind::List => commit.variables.list += 1,
+                    VarKind::Map => commit.variables.map += 1,
+                }
+            }
             let drops = catalog.pending_drops().to_vec();
             (drops, catalog.is_dirty().then(|| catalog.to_json()))
         };
@@ -544,6 +560,7 @@ impl Query {
         // estimated up to this point; the report returned below has the full figure.
         commit.duration_ms = started.elapsed().as_millis() as u64;
         commit.commit_ms = commit.duration_ms - read_ms - process_ms;
+        commit.rows_per_s = rows_per_s(input_rows, started);
         let record = serde_json::to_vec(&commit).expect("serialises");
         let mut meta_writes = vec![
             (meta::commit(plan.batch_id), Some(record.clone())),
@@ -585,6 +602,7 @@ impl Query {
         self.head = Some(commit.clone());
         commit.duration_ms = started.elapsed().as_millis() as u64;
         commit.commit_ms = commit.duration_ms - read_ms - process_ms;
+        commit.rows_per_s = rows_per_s(input_rows, started);
         Ok(BatchReport { commit })
     }
 
@@ -757,6 +775,16 @@ fn check_time_settings(config: &QueryConfig) -> Result<(), EngineError> {
             "the watermark delay cannot be negative".into(),
         )),
         _ => Ok(()),
+    }
+}
+
+/// Input rows per second since `started`, rounded to a whole number.
+fn rows_per_s(rows: u64, started: Instant) -> f64 {
+    let seconds = started.elapsed().as_secs_f64();
+    if seconds > 0.0 {
+        (rows as f64 / seconds).round()
+    } else {
+        0.0
     }
 }
 

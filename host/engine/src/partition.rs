@@ -2,6 +2,7 @@
 //! expired timers in ascending time order, then TTL cleanup (SPEC §1).
 
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use statebox_runtime::catalog::Catalog;
 use statebox_runtime::{BatchTimes, CallError, CallErrorKind, Function, InstanceConfig};
@@ -32,6 +33,10 @@ pub(crate) struct PartitionResult {
     pub rows: Vec<String>,
     pub timers_fired: u64,
     pub ttl_removed: u64,
+    /// Wall time of firing timers, in milliseconds.
+    pub timers_ms: u64,
+    /// Wall time of TTL cleanup, in milliseconds.
+    pub ttl_ms: u64,
 }
 
 /// What a partition accumulates while its batch runs.
@@ -40,6 +45,8 @@ struct Counts {
     rows: Vec<String>,
     timers_fired: u64,
     ttl_removed: u64,
+    timers_ms: u64,
+    ttl_ms: u64,
 }
 
 /// The instance (to keep, unless poisoned) and the result of one partition.
@@ -97,8 +104,18 @@ impl Context<'_> {
         let outcome = self
             .initial_state(&mut *instance, &initial)
             .and_then(|()| self.inputs(&mut *instance, &input, &mut counts.rows))
-            .and_then(|()| self.timers(&mut *instance, &mut counts))
-            .and_then(|()| self.ttl(&mut *instance, &mut counts));
+            .and_then(|()| {
+                let started = Instant::now();
+                let fired = self.timers(&mut *instance, &mut counts);
+                counts.timers_ms = started.elapsed().as_millis() as u64;
+                fired
+            })
+            .and_then(|()| {
+                let started = Instant::now();
+                let cleaned = self.ttl(&mut *instance, &mut counts);
+                counts.ttl_ms = started.elapsed().as_millis() as u64;
+                cleaned
+            });
         let txn = instance.end_batch();
         let outcome = outcome.map(|()| {
             let mut txn = txn.expect("begin_batch lent the instance a transaction");
@@ -112,6 +129,8 @@ impl Context<'_> {
             rows: counts.rows,
             timers_fired: counts.timers_fired,
             ttl_removed: counts.ttl_removed,
+            timers_ms: counts.timers_ms,
+            ttl_ms: counts.ttl_ms,
         });
         (partition, Some(instance), outcome)
     }

@@ -773,6 +773,11 @@ mod tests {
             late_rows: 0,
             timers_fired: 0,
             ttl_removed: 0,
+            timers_ms: 0,
+            ttl_ms: 0,
+            rows_per_s: 0.0,
+            variables: crate::VariableCounts::default(),
+            state_bytes_on_disk: 0,
             next_watermark_ms: -1,
         }
     }

@@ -340,6 +340,11 @@ impl Checkpoint {
         self.engine.write(batch)
     }
 
+    /// Bytes of state on disk (RocksDB SST files; 0 in memory).
+    pub fn disk_bytes(&self) -> u64 {
+        self.engine.disk_bytes()
+    }
+
     /// A new transaction for one partition of the batch being run: an in-memory overlay
     /// over the committed state with read-your-writes.
     pub fn txn(&self, partition: Partition) -> PartitionTxn {

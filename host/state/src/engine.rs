@@ -22,6 +22,11 @@ pub type ScanFn<'a> = dyn FnMut(&[u8], &[u8]) -> Result<bool> + 'a;
 /// A callback may run while the backend holds a lock or an open iterator, so callbacks must
 /// not call the backend.
 pub trait KvEngine: Send + Sync + 'static {
+    /// Bytes the backend keeps on disk (0 for backends in memory).
+    fn disk_bytes(&self) -> u64 {
+        0
+    }
+
     /// Calls `f` with the value stored at `key`, if there is one; returns whether there was.
     fn get_with(&self, key: &[u8], f: &mut GetFn<'_>) -> Result<bool>;
 
