@@ -68,6 +68,11 @@ impl StateReader {
         &self.config
     }
 
+    /// The checkpoint's state variables.
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
     /// The latest committed batch, if any batch committed.
     pub fn latest_batch_id(&self) -> Option<u64> {
         self.head.as_ref().map(|h| h.batch_id)

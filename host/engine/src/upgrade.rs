@@ -6,10 +6,8 @@ use std::fmt;
 use std::path::Path;
 
 use statebox_runtime::catalog::{Catalog, UpgradeReport};
-use statebox_state::Checkpoint;
 
-use crate::config::meta;
-use crate::{EngineError, ProcessorFactory, QueryConfig};
+use crate::{EngineError, ProcessorFactory, QueryConfig, StateReader};
 
 /// The verdict on running a processor over a checkpoint.
 #[derive(Clone, Debug)]
@@ -47,24 +45,8 @@ pub fn check_upgrade(
     dir: &Path,
     factory: &dyn ProcessorFactory,
 ) -> Result<UpgradeCheck, EngineError> {
-    let checkpoint = Checkpoint::open_read_only(dir)?;
-    let config: QueryConfig = match checkpoint.get_meta(meta::QUERY)? {
-        Some(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
-            EngineError::Config(format!("checkpoint query record is unreadable: {e}"))
-        })?,
-        None => {
-            return Err(EngineError::Config(format!(
-                "{} has no query record: it is not a Statebox checkpoint",
-                dir.display()
-            )));
-        }
-    };
-    let catalog = match checkpoint.get_meta(meta::CATALOG)? {
-        Some(bytes) => Catalog::from_json(&bytes)
-            .map_err(|e| EngineError::Config(format!("checkpoint catalog is unreadable: {e}")))?,
-        None => Catalog::default(),
-    };
-    check_against(&config, &catalog, factory)
+    let reader = StateReader::open(dir)?;
+    check_against(reader.config(), reader.catalog(), factory)
 }
 
 /// Checks a processor against a loaded query record and catalog.
