@@ -121,12 +121,12 @@ impl StateReader {
             VarKind::Value => self
                 .checkpoint
                 .scan_values_at(var.id, &undo, |key, value| {
-                    Ok(out.emit(self.value_row(key, &value, &schemas, ttl)))
+                    Ok(out.emit(self.value_row("value", key, &value, &schemas, ttl)))
                 })?,
             VarKind::List if flatten => {
                 self.checkpoint
                     .scan_list_at(var.id, &undo, |key, _, value| {
-                        Ok(out.emit(self.element_row(key, &value, &schemas, ttl)))
+                        Ok(out.emit(self.value_row("list_element", key, &value, &schemas, ttl)))
                     })?
             }
             VarKind::Map if flatten => {
@@ -430,27 +430,18 @@ impl StateReader {
         Value::Object(row)
     }
 
+    /// A row of one stored value under `column`: `value` for value state, `list_element`
+    /// for a flattened list.
     fn value_row(
         &self,
+        column: &str,
         key: &[u8],
         value: &StoredValue,
         schemas: &Schemas,
         ttl: bool,
     ) -> Result<Value, EngineError> {
         let mut row = self.key_fields(key)?;
-        row.insert("value".into(), schemas.read(value)?);
-        Ok(self.with_ttl(key, row, value, ttl))
-    }
-
-    fn element_row(
-        &self,
-        key: &[u8],
-        value: &StoredValue,
-        schemas: &Schemas,
-        ttl: bool,
-    ) -> Result<Value, EngineError> {
-        let mut row = self.key_fields(key)?;
-        row.insert("list_element".into(), schemas.read(value)?);
+        row.insert(column.into(), schemas.read(value)?);
         Ok(self.with_ttl(key, row, value, ttl))
     }
 
