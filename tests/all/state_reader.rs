@@ -473,19 +473,13 @@ fn change_feed_shows_ttl_removals_as_deletes() {
             .expect("load dedup-ttl"),
     );
     let opts = statebox_engine::QueryOptions {
-        input: scratch.input(),
-        output: scratch.output(),
-        checkpoint: scratch.checkpoint(),
-        key_columns: vec!["id".into()],
-        partitions: None,
-        output_mode: None,
         time_mode: Some(statebox_engine::TimeMode::ProcessingTime),
-        max_files_per_batch: 1,
-        workers: None,
-        event_time: None,
-        output_event_time_column: None,
-        initial_state: None,
-        min_batches_to_retain: statebox_engine::DEFAULT_MIN_BATCHES_TO_RETAIN,
+        ..statebox_engine::QueryOptions::new(
+            scratch.input(),
+            scratch.output(),
+            scratch.checkpoint(),
+            vec!["id".into()],
+        )
     };
     scratch.write_rows("a.jsonl", &[json!({"id": "e1"}), json!({"id": "e2"})]);
     let t0 = 1_700_000_000_000_i64;
@@ -589,19 +583,13 @@ fn time_travel_reads_each_retained_batch_as_it_was() {
             .expect("load dedup-ttl"),
     );
     let opts = statebox_engine::QueryOptions {
-        input: ttl.input(),
-        output: ttl.output(),
-        checkpoint: ttl.checkpoint(),
-        key_columns: vec!["id".into()],
-        partitions: None,
-        output_mode: None,
         time_mode: Some(statebox_engine::TimeMode::ProcessingTime),
-        max_files_per_batch: 1,
-        workers: None,
-        event_time: None,
-        output_event_time_column: None,
-        initial_state: None,
-        min_batches_to_retain: statebox_engine::DEFAULT_MIN_BATCHES_TO_RETAIN,
+        ..statebox_engine::QueryOptions::new(
+            ttl.input(),
+            ttl.output(),
+            ttl.checkpoint(),
+            vec!["id".into()],
+        )
     };
     ttl.write_rows("a.jsonl", &[json!({"id": "e1"}), json!({"id": "e2"})]);
     let t0 = 1_700_000_000_000_i64;

@@ -279,19 +279,13 @@ impl EngineQuery {
         );
         let scratch = Scratch::new();
         let opts = QueryOptions {
-            input: scratch.input(),
-            output: scratch.output(),
-            checkpoint: scratch.checkpoint(),
-            key_columns: key.split(',').map(str::to_owned).collect(),
             partitions: Some(partitions),
-            output_mode: None,
-            time_mode: None,
-            max_files_per_batch: 1,
-            workers: None,
-            event_time: None,
-            output_event_time_column: None,
-            initial_state: None,
-            min_batches_to_retain: statebox_engine::DEFAULT_MIN_BATCHES_TO_RETAIN,
+            ..QueryOptions::new(
+                scratch.input(),
+                scratch.output(),
+                scratch.checkpoint(),
+                key.split(',').map(str::to_owned).collect(),
+            )
         };
         let mut q = EngineQuery {
             scratch,

@@ -138,19 +138,14 @@ fn timed(workload: &str, plugin: &str, column: &str, args: TimeArgs) -> anyhow::
     let runtime = args.sandbox.runtime()?;
     let processor = runtime.load_file(&wasm)?;
     let opts = QueryOptions {
-        input,
-        output: dir.join("out.jsonl"),
-        checkpoint: dir.join("checkpoint"),
-        key_columns: vec![column.into()],
         partitions: Some(args.partitions),
-        output_mode: None,
         time_mode: Some(statebox_engine::TimeMode::ProcessingTime),
-        max_files_per_batch: 1,
-        workers: None,
-        event_time: None,
-        output_event_time_column: None,
-        initial_state: None,
-        min_batches_to_retain: statebox_engine::DEFAULT_MIN_BATCHES_TO_RETAIN,
+        ..QueryOptions::new(
+            input,
+            dir.join("out.jsonl"),
+            dir.join("checkpoint"),
+            vec![column.into()],
+        )
     };
     let started = Instant::now();
     let mut query = Query::open(opts, Arc::new(processor))?;
@@ -215,19 +210,13 @@ fn count(args: CountArgs) -> anyhow::Result<()> {
     for (name, factory) in engines {
         let run_dir = dir.join(name);
         let opts = QueryOptions {
-            input: input.clone(),
-            output: run_dir.join("out.jsonl"),
-            checkpoint: run_dir.join("checkpoint"),
-            key_columns: vec!["key".into()],
             partitions: Some(args.partitions),
-            output_mode: None,
-            time_mode: None,
-            max_files_per_batch: 1,
-            workers: None,
-            event_time: None,
-            output_event_time_column: None,
-            initial_state: None,
-            min_batches_to_retain: statebox_engine::DEFAULT_MIN_BATCHES_TO_RETAIN,
+            ..QueryOptions::new(
+                input.clone(),
+                run_dir.join("out.jsonl"),
+                run_dir.join("checkpoint"),
+                vec!["key".into()],
+            )
         };
         let started = Instant::now();
         let mut query = Query::open(opts, factory)?;

@@ -259,15 +259,10 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         .load_file(&wasm)
         .with_context(|| format!("cannot load processor {}", wasm.display()))?;
     let opts = QueryOptions {
-        input: args.input,
-        output: args.output.clone(),
-        checkpoint: args.checkpoint,
-        key_columns: args.key,
         partitions: args.partitions,
         output_mode: args.output_mode,
         time_mode: args.time_mode,
         max_files_per_batch: args.max_files_per_batch,
-        workers: None,
         event_time: args.event_time.map(|column| EventTimeOptions {
             column,
             watermark_delay_ms: args.watermark_delay.unwrap_or(0),
@@ -275,6 +270,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         output_event_time_column: args.output_event_time,
         initial_state: args.initial_state,
         min_batches_to_retain: args.min_batches_to_retain,
+        ..QueryOptions::new(args.input, args.output.clone(), args.checkpoint, args.key)
     };
     let mut query = Query::open(opts, Arc::new(processor))?;
     let progress_json = args.progress_json;

@@ -121,10 +121,6 @@ fn run_steps(
     std::fs::create_dir_all(&input)?;
     let output = work.join("output.jsonl");
     let opts = QueryOptions {
-        input: input.clone(),
-        output: output.clone(),
-        checkpoint: work.join("checkpoint"),
-        key_columns: scenario.key.clone(),
         partitions: scenario.partitions,
         output_mode: Some(
             scenario
@@ -138,8 +134,6 @@ fn run_steps(
                 .parse::<TimeMode>()
                 .map_err(anyhow::Error::msg)?,
         ),
-        max_files_per_batch: 1,
-        workers: None,
         event_time: scenario.event_time.as_ref().map(|e| EventTimeOptions {
             column: e.column.clone(),
             watermark_delay_ms: e.watermark_delay_ms,
@@ -158,7 +152,12 @@ fn run_steps(
             }
             None => None,
         },
-        min_batches_to_retain: statebox_engine::DEFAULT_MIN_BATCHES_TO_RETAIN,
+        ..QueryOptions::new(
+            input.clone(),
+            output.clone(),
+            work.join("checkpoint"),
+            scenario.key.clone(),
+        )
     };
     let open = |processor: &str| -> anyhow::Result<Query> {
         let wasm = crate::plugin::resolve(&locate(processor, base))?;

@@ -103,6 +103,33 @@ pub struct QueryOptions {
     pub min_batches_to_retain: u64,
 }
 
+impl QueryOptions {
+    /// Options with every optional setting at its default: what the checkpoint records (or
+    /// the defaults, for a new one), one file per batch, no event time, no initial state.
+    pub fn new(
+        input: PathBuf,
+        output: PathBuf,
+        checkpoint: PathBuf,
+        key_columns: Vec<String>,
+    ) -> QueryOptions {
+        QueryOptions {
+            input,
+            output,
+            checkpoint,
+            key_columns,
+            partitions: None,
+            output_mode: None,
+            time_mode: None,
+            max_files_per_batch: 1,
+            workers: None,
+            event_time: None,
+            output_event_time_column: None,
+            initial_state: None,
+            min_batches_to_retain: DEFAULT_MIN_BATCHES_TO_RETAIN,
+        }
+    }
+}
+
 /// The default of [`QueryOptions::min_batches_to_retain`].
 pub const DEFAULT_MIN_BATCHES_TO_RETAIN: u64 = 100;
 
