@@ -1,11 +1,13 @@
 //! `statebox state`: reading a checkpoint's committed state, timers, metadata and progress
 //! with the CLI, after runs of real processors and while a run holds the checkpoint.
 
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
 use serde_json::{Value, json};
-use statebox_tests::{Scratch, component_cache, guests, parse_jsonl, statebox_bin};
+use statebox_tests::{
+    Scratch, component_cache, guests, interrupt, parse_jsonl, statebox_bin, wait_for,
+};
 
 const DEDUP_TTL: &str = env!("STATEBOX_GUEST_DEDUP_TTL");
 const HEARTBEAT: &str = env!("STATEBOX_GUEST_HEARTBEAT_MONITOR");
@@ -247,32 +249,6 @@ fn ttl_state_shows_its_expiry() {
     assert_eq!(meta["time_mode"], "processing-time");
 }
 
-/// Polls until `f` returns something, or panics after 20 s.
-fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(t) = f() {
-            return t;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "waited 20 s for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Sends SIGINT (Ctrl-C) and waits for a clean exit.
-fn interrupt(mut child: Child) {
-    let status = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .expect("run kill");
-    assert!(status.success());
-    let status = wait_for("statebox to stop", || child.try_wait().expect("wait"));
-    assert_eq!(status.code(), Some(0), "statebox did not stop cleanly");
-}
-
 /// Heartbeat monitor, read while an interval-triggered run holds the checkpoint: timers and
 /// state are readable, and the run goes on committing afterwards.
 #[test]
@@ -295,7 +271,7 @@ fn timers_and_state_read_while_a_run_holds_the_checkpoint() {
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn statebox");
-    wait_for("the first batch's output", || {
+    wait_for("the first batch's output", Duration::from_secs(20), || {
         (scratch.output_rows().len() >= 2).then_some(())
     });
     let timers = rows(&scratch, &["read", "--timers"]);
@@ -314,7 +290,7 @@ fn timers_and_state_read_while_a_run_holds_the_checkpoint() {
     let before = rows(&scratch, &["progress", "--last", "1"])[0]["batch_id"]
         .as_u64()
         .unwrap();
-    wait_for("another committed batch", || {
+    wait_for("another committed batch", Duration::from_secs(20), || {
         let last = rows(&scratch, &["progress", "--last", "1"])[0]["batch_id"].as_u64()?;
         (last > before).then_some(())
     });

@@ -1,56 +1,21 @@
 //! `--trigger interval=…`: a long-running query that picks up new files, runs no-data
 //! batches so processing-time timers fire without input, and stops cleanly on Ctrl-C.
 
-use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Stdio;
+use std::time::Duration;
 
 use serde_json::json;
-use statebox_tests::{Scratch, guests};
+use statebox_tests::{Scratch, guests, interrupt, wait_for};
 
 /// `plugins/heartbeat-monitor` (10 s timeout).
 const HEARTBEAT: &str = env!("STATEBOX_GUEST_HEARTBEAT_MONITOR");
 
 /// Polls until the output holds `n` rows, or panics after `limit`.
 fn wait_for_rows(scratch: &Scratch, n: usize, limit: Duration) -> Vec<serde_json::Value> {
-    let start = Instant::now();
-    loop {
+    wait_for(&format!("{n} output rows"), limit, || {
         let rows = scratch.output_rows();
-        if rows.len() >= n {
-            return rows;
-        }
-        assert!(
-            start.elapsed() < limit,
-            "waited {limit:?} for {n} output rows, have {rows:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Sends SIGINT (what Ctrl-C sends) and waits for a clean exit.
-fn interrupt(mut child: Child) -> String {
-    let status = std::process::Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .expect("run kill");
-    assert!(status.success());
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().expect("wait for statebox") {
-            let mut stderr = String::new();
-            std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
-            assert_eq!(
-                status.code(),
-                Some(0),
-                "statebox did not stop cleanly:\n{stderr}"
-            );
-            return stderr;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "statebox ignored Ctrl-C"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        (rows.len() >= n).then_some(rows)
+    })
 }
 
 #[test]

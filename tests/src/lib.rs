@@ -396,3 +396,42 @@ impl Rng {
         self.next_u64() % n
     }
 }
+
+/// Polls `f` every 50 ms until it returns something, or panics after `limit`.
+#[track_caller]
+pub fn wait_for<T>(what: &str, limit: std::time::Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(t) = f() {
+            return t;
+        }
+        assert!(start.elapsed() < limit, "waited {limit:?} for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Sends SIGINT (what Ctrl-C sends) to a running `statebox`, asserts it stops cleanly
+/// within 10 s, and returns its standard error (empty unless it was piped).
+#[track_caller]
+pub fn interrupt(mut child: std::process::Child) -> String {
+    let status = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success());
+    let status = wait_for(
+        "statebox to stop after Ctrl-C",
+        std::time::Duration::from_secs(10),
+        || child.try_wait().expect("wait for statebox"),
+    );
+    let mut stderr = String::new();
+    if let Some(pipe) = child.stderr.as_mut() {
+        std::io::Read::read_to_string(pipe, &mut stderr).expect("read stderr");
+    }
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "statebox did not stop cleanly:\n{stderr}"
+    );
+    stderr
+}
