@@ -24,6 +24,7 @@ const GUESTS: &[&str] = &[
     "user-profile-v3",
     "profile-kind-change",
     "profile-ttl-added",
+    "counter-reset",
 ];
 
 fn main() {

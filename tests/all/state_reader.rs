@@ -579,3 +579,179 @@ fn time_travel_reads_each_retained_batch_as_it_was() {
     assert_eq!(keys, [&json!("e1"), &json!("e2")]);
     assert_eq!(at0[0]["ttl_expiration_ms"], json!(t0 + 60_000));
 }
+
+/// Heartbeat monitor on a manual clock: the timers registered at each batch are read back
+/// at that batch (time travel), and each commit record counts the timers and state rows.
+#[test]
+fn timers_and_progress_counts_follow_each_batch() {
+    let scratch = Scratch::new();
+    let processor = std::sync::Arc::new(
+        statebox_tests::runtime(Default::default())
+            .load_file(std::path::Path::new(HEARTBEAT))
+            .expect("load heartbeat-monitor"),
+    );
+    let opts = statebox_engine::QueryOptions {
+        time_mode: Some(statebox_engine::TimeMode::ProcessingTime),
+        ..statebox_engine::QueryOptions::new(
+            scratch.input(),
+            scratch.output(),
+            scratch.checkpoint(),
+            vec!["sensor".into()],
+        )
+    };
+    let t0 = 1_700_000_000_000_i64;
+    let mut query = statebox_engine::Query::open(opts, processor).expect("open query");
+    let mut timers_at = Vec::new();
+    let mut records = Vec::new();
+    let mut read_timers = |scratch: &Scratch| -> Vec<(Value, Value)> {
+        rows(scratch, &["read", "--timers"])
+            .into_iter()
+            .map(|r| {
+                (
+                    r["key"]["sensor"].clone(),
+                    r["expiration_timestamp_ms"].clone(),
+                )
+            })
+            .collect()
+    };
+    // Batch 0: s1, s2 arm timers at t0 + 10 s. Batch 1 (t0 + 5 s): s1 re-arms (one timer
+    // deleted, one registered). Batch 2 (t0 + 12 s, no data): s2's timer fires.
+    let steps: [(&[&str], i64); 3] = [(&["s1", "s2"], 0), (&["s1"], 5_000), (&[], 12_000)];
+    for (batch, (sensors, at)) in steps.into_iter().enumerate() {
+        let report = if sensors.is_empty() {
+            query.run_no_data(Some(t0 + at)).expect("no-data batch")
+        } else {
+            let input: Vec<Value> = sensors.iter().map(|s| json!({"sensor": s})).collect();
+            scratch.write_rows(&format!("{batch}.jsonl"), &input);
+            query
+                .run_next(Some(t0 + at))
+                .expect("batch")
+                .expect("input")
+        };
+        records.push(report.commit);
+        timers_at.push(read_timers(&scratch));
+    }
+    drop(query);
+    assert_eq!(
+        timers_at[0],
+        [
+            (json!("s1"), json!(t0 + 10_000)),
+            (json!("s2"), json!(t0 + 10_000))
+        ]
+    );
+    assert_eq!(timers_at[1][0], (json!("s1"), json!(t0 + 15_000)));
+    assert_eq!(timers_at[2], [(json!("s1"), json!(t0 + 15_000))]);
+    for (batch, want) in timers_at.iter().enumerate() {
+        let id = batch.to_string();
+        let got: Vec<(Value, Value)> = rows(&scratch, &["read", "--timers", "--batch-id", &id])
+            .into_iter()
+            .map(|r| {
+                (
+                    r["key"]["sensor"].clone(),
+                    r["expiration_timestamp_ms"].clone(),
+                )
+            })
+            .collect();
+        assert_eq!(&got, want, "timers at batch {batch}");
+    }
+
+    let counts: Vec<(u64, u64, u64, u64)> = records
+        .iter()
+        .map(|c| {
+            (
+                c.timers_total,
+                c.timers_registered,
+                c.timers_deleted,
+                c.timers_fired,
+            )
+        })
+        .collect();
+    assert_eq!(counts, [(2, 2, 0, 0), (2, 1, 1, 0), (1, 0, 1, 1)]);
+    // The state rows counted equal the rows the reader finds, after every batch (the last
+    // record is compared against the latest state).
+    let state_rows: usize = ["status", "deadline"]
+        .iter()
+        .map(|var| rows(&scratch, &["read", "--var", var]).len())
+        .sum();
+    let last = records.last().unwrap();
+    assert_eq!(last.state_rows_total, state_rows as u64, "{last:?}");
+    // Batch 0 writes both sensors' status and deadline; batch 2 clears s2's deadline.
+    assert_eq!(
+        records
+            .iter()
+            .map(|c| (c.state_rows_total, c.state_rows_updated, c.state_rows_removed))
+            .collect::<Vec<_>>(),
+        [(4, 4, 0), (4, 1, 0), (3, 1, 1)]
+    );
+    // The stored records carry the counts too.
+    let stored = rows(&scratch, &["progress"]);
+    assert_eq!(stored.len(), 3);
+    assert_eq!(stored[2]["timers_total"], json!(1));
+    assert_eq!(stored[1]["timers_registered"], json!(1));
+    assert_eq!(stored[2]["state_rows_total"], json!(state_rows));
+}
+
+/// The counter, then a redeployment that drops `count` with `delete-if-exists` and re-creates
+/// it: the feed shows the old variable's deletes and the new one's writes, and reading an
+/// earlier batch shows the variable as it was then, not the re-created one.
+#[test]
+fn change_feed_and_time_travel_across_delete_if_exists() {
+    let reset: &str = env!("STATEBOX_GUEST_COUNTER_RESET");
+    let scratch = Scratch::new();
+    scratch.write_rows(
+        "a.jsonl",
+        &[json!({"k": "u1"}), json!({"k": "u1"}), json!({"k": "u2"})],
+    );
+    scratch.run_cmd(guests::COUNTER, "k").run().expect_ok();
+    scratch.write_rows("b.jsonl", &[json!({"k": "u1"})]);
+    scratch.run_cmd(reset, "k").run().expect_ok();
+
+    let values = |rows: Vec<Value>| -> Vec<(Value, Value)> {
+        rows.into_iter()
+            .map(|r| (r["key"]["k"].clone(), r["value"].clone()))
+            .collect()
+    };
+    assert_eq!(
+        values(rows(
+            &scratch,
+            &["read", "--var", "count", "--batch-id", "0"]
+        )),
+        [(json!("u1"), json!(2)), (json!("u2"), json!(1))]
+    );
+    assert_eq!(
+        values(rows(&scratch, &["read", "--var", "count"])),
+        [(json!("u1"), json!(1))]
+    );
+    let feed: Vec<(Value, Value, Value, Value)> =
+        rows(&scratch, &["changes", "--var", "count", "--from", "0"])
+            .into_iter()
+            .map(|r| {
+                (
+                    r["batch_id"].clone(),
+                    r["change_type"].clone(),
+                    r["key"]["k"].clone(),
+                    r["value"].clone(),
+                )
+            })
+            .collect();
+    let (b0, b1) = feed.split_at(2);
+    let mut b0 = b0.to_vec();
+    b0.sort_by_key(|r| r.2.to_string());
+    assert_eq!(
+        b0,
+        [
+            (json!(0), json!("update"), json!("u1"), json!(2)),
+            (json!(0), json!("update"), json!("u2"), json!(1)),
+        ]
+    );
+    let mut b1 = b1.to_vec();
+    b1.sort_by_key(|r| (r.1.to_string(), r.2.to_string()));
+    assert_eq!(
+        b1,
+        [
+            (json!(1), json!("delete"), json!("u1"), Value::Null),
+            (json!(1), json!("delete"), json!("u2"), Value::Null),
+            (json!(1), json!("update"), json!("u1"), json!(1)),
+        ]
+    );
+}

@@ -313,3 +313,55 @@ fn initial_state_is_ignored_when_upgrading_an_existing_checkpoint() {
         vec![v2_row("a", Value::Null, Value::Null, 6, &[1])]
     );
 }
+
+/// Time travel across a schema evolution: after v2 runs on v1's checkpoint, batch 0 reads
+/// `profile` as v1 wrote it (v1's schema), the latest batch through v2's schema, and
+/// `history`, which v2 added, does not exist at batch 0.
+#[test]
+fn state_of_a_batch_before_an_evolution_reads_through_the_schema_of_that_batch() {
+    let s = v1_checkpoint();
+    s.write_rows("001.jsonl", &[visit("a", "Ann", 1)]);
+    s.run_cmd(V2, "user").run().expect_ok();
+    let read = |args: &[&str]| -> std::process::Output {
+        Command::new(statebox_bin())
+            .args(["state", "read", "--checkpoint"])
+            .arg(s.checkpoint())
+            .args(args)
+            .env("STATEBOX_CACHE_DIR", component_cache())
+            .stdin(Stdio::null())
+            .output()
+            .expect("run statebox state read")
+    };
+    let values = |args: &[&str]| -> Vec<Value> {
+        let out = read(args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        statebox_tests::parse_jsonl(&out.stdout)
+            .into_iter()
+            .map(|r| r["value"].clone())
+            .collect()
+    };
+    assert_eq!(
+        values(&["--var", "profile", "--batch-id", "0"]),
+        [
+            json!({"name": "Ann", "visits": 5}),
+            json!({"name": "Zed", "visits": 7})
+        ]
+    );
+    let latest = values(&["--var", "profile"]);
+    assert_eq!(latest[0]["visits"], json!(6));
+    assert_eq!(latest[1]["visits"], json!(7));
+    assert!(latest[1].get("email").is_some(), "{latest:?}");
+    assert!(latest[1].get("name").is_none(), "{latest:?}");
+    assert_eq!(values(&["--var", "history"]).len(), 1);
+    let err = read(&["--var", "history", "--batch-id", "0"]);
+    assert!(!err.status.success());
+    let err = String::from_utf8_lossy(&err.stderr);
+    assert!(
+        err.contains("unknown state variable `history`") && err.contains("`profile`"),
+        "{err}"
+    );
+}

@@ -286,7 +286,8 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         let line = format!(
             "batch {}: {} rows ({} rows/s), {} keys, {} output rows, {} late, {} timers fired, \
-             {} expired by TTL, watermark {} in {} ms (read {} ms, process {} ms, commit {} ms)",
+             {} expired by TTL, {} state rows, {} timers, watermark {} in {} ms (read {} ms, \
+             process {} ms, commit {} ms)",
             c.batch_id,
             c.input_rows,
             c.rows_per_s,
@@ -295,6 +296,8 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             c.late_rows,
             c.timers_fired,
             c.ttl_removed,
+            c.state_rows_total,
+            c.timers_total,
             c.watermark_ms,
             c.duration_ms,
             c.read_ms,

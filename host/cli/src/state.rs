@@ -131,14 +131,6 @@ fn open(dir: &std::path::Path) -> anyhow::Result<StateReader> {
 
 fn read(args: ReadArgs, out: &mut impl Write) -> anyhow::Result<()> {
     let reader = open(&args.checkpoint)?;
-    if let (Some(wanted), true) = (args.batch_id, args.timers)
-        && reader.latest_batch_id() != Some(wanted)
-    {
-        anyhow::bail!(
-            "cannot list the timers of batch {wanted}: timers are kept for the latest \
-             committed batch only (omit --batch-id)"
-        );
-    }
     let mut printer = Printer::new(args.format);
     let print = |row: Value| {
         printer
@@ -146,7 +138,7 @@ fn read(args: ReadArgs, out: &mut impl Write) -> anyhow::Result<()> {
             .map_err(|e| EngineError::Io(e.to_string()))
     };
     match (&args.var, args.timers) {
-        (_, true) => reader.read_timers(print)?,
+        (_, true) => reader.read_timers_at(args.batch_id, print)?,
         (Some(var), false) => reader.read_state(var, !args.no_flatten, args.batch_id, print)?,
         (None, false) => anyhow::bail!("--var NAME or --timers is required"),
     }

@@ -186,6 +186,28 @@ pub struct CommitRecord {
     /// State variables by kind after the batch: value, list, map.
     #[serde(default)]
     pub variables: VariableCounts,
+    /// Values, list elements and map entries in state after the batch (counted from this
+    /// checkpoint's change logs; 0 for records written before they were counted).
+    #[serde(default)]
+    pub state_rows_total: u64,
+    /// Values, list elements and map entries the batch wrote.
+    #[serde(default)]
+    pub state_rows_updated: u64,
+    /// Values, list elements and map entries the batch removed (by the processor, clears,
+    /// TTL cleanup or dropped variables).
+    #[serde(default)]
+    pub state_rows_removed: u64,
+    /// Timers registered after the batch, over all keys.
+    #[serde(default)]
+    pub timers_total: u64,
+    /// Timers the batch registered that were not registered before it (a timer registered
+    /// and fired or deleted within the batch is not counted).
+    #[serde(default)]
+    pub timers_registered: u64,
+    /// Timers registered before the batch that it removed: fired (`timers_fired`) or deleted
+    /// by a handler.
+    #[serde(default)]
+    pub timers_deleted: u64,
     /// Bytes of the state database on disk (SST files) after the commit; estimated before
     /// writing the record, so it reflects the previous batches' flushed state.
     #[serde(default)]
@@ -224,6 +246,8 @@ pub struct FileProgress {
 pub(crate) mod meta {
     pub const QUERY: &str = "query";
     pub const CATALOG: &str = "catalog";
+    /// The catalog as of each batch that changed it, for reading earlier batches.
+    pub const CATALOG_PREFIX: &str = "catalog/";
     pub const HEAD: &str = "head";
     pub const PLAN_PREFIX: &str = "plan/";
     pub const COMMIT_PREFIX: &str = "commit/";
@@ -231,6 +255,10 @@ pub(crate) mod meta {
 
     pub fn plan(batch: u64) -> String {
         format!("{PLAN_PREFIX}{batch:020}")
+    }
+
+    pub fn catalog_at(batch: u64) -> String {
+        format!("{CATALOG_PREFIX}{batch:020}")
     }
 
     pub fn commit(batch: u64) -> String {

@@ -561,6 +561,13 @@ impl Query {
             rows_per_s: 0.0,
             variables: VariableCounts::default(),
             state_bytes_on_disk: self.checkpoint.disk_bytes(),
+            // Counted from the change logs inside the commit, below.
+            state_rows_total: 0,
+            state_rows_updated: 0,
+            state_rows_removed: 0,
+            timers_total: 0,
+            timers_registered: 0,
+            timers_deleted: 0,
             next_watermark_ms: match self.config.time_mode {
                 TimeMode::EventTime => {
                     let seen = stats.max_event_time_ms.map_or(i64::MIN, |m| {
@@ -588,13 +595,9 @@ impl Query {
         commit.duration_ms = started.elapsed().as_millis() as u64;
         commit.commit_ms = commit.duration_ms - read_ms - process_ms;
         commit.rows_per_s = rows_per_s(input_rows, started);
-        let record = serde_json::to_vec(&commit).expect("serialises");
-        let mut meta_writes = vec![
-            (meta::commit(plan.batch_id), Some(record.clone())),
-            (meta::HEAD.to_owned(), Some(record)),
-            (meta::plan(plan.batch_id), None),
-        ];
+        let mut meta_writes = vec![(meta::plan(plan.batch_id), None)];
         if let Some(json) = catalog_json {
+            meta_writes.push((meta::catalog_at(plan.batch_id), Some(json.clone())));
             meta_writes.push((meta::CATALOG.to_owned(), Some(json)));
         }
         for (file, p) in &new_progress {
@@ -604,19 +607,40 @@ impl Query {
             ));
         }
         let partitions = usize::from(self.config.partitions.max(1));
-        self.checkpoint.commit(Commit {
-            drop_vars,
-            txns,
-            meta: meta_writes,
-            changelog: Some(ChangelogWrite {
-                batch_id: plan.batch_id,
-                retain_from: (plan.batch_id + 1).saturating_sub(self.opts.min_batches_to_retain),
-                partition_of: Box::new(move |key: &[u8]| {
-                    // Below `partitions`, a `u16`.
-                    input::partition_of(key, partitions) as u16
+        let previous = self.head.as_ref();
+        let (prev_rows, prev_timers) =
+            previous.map_or((0, 0), |h| (h.state_rows_total, h.timers_total));
+        self.checkpoint.commit_with(
+            Commit {
+                drop_vars,
+                txns,
+                meta: meta_writes,
+                changelog: Some(ChangelogWrite {
+                    batch_id: plan.batch_id,
+                    retain_from: (plan.batch_id + 1)
+                        .saturating_sub(self.opts.min_batches_to_retain),
+                    partition_of: Box::new(move |key: &[u8]| {
+                        // Below `partitions`, a `u16`.
+                        input::partition_of(key, partitions) as u16
+                    }),
                 }),
-            }),
-        })?;
+            },
+            |changes| {
+                commit.state_rows_updated = changes.rows_updated;
+                commit.state_rows_removed = changes.rows_removed;
+                commit.state_rows_total =
+                    (prev_rows + changes.rows_added).saturating_sub(changes.rows_removed);
+                commit.timers_registered = changes.timers_added;
+                commit.timers_deleted = changes.timers_removed;
+                commit.timers_total =
+                    (prev_timers + changes.timers_added).saturating_sub(changes.timers_removed);
+                let record = serde_json::to_vec(&commit).expect("serialises");
+                vec![
+                    (meta::commit(plan.batch_id), Some(record.clone())),
+                    (meta::HEAD.to_owned(), Some(record)),
+                ]
+            },
+        )?;
         // Only now are the catalog's changes durable; a failed commit leaves them pending
         // for the next batch.
         self.catalog

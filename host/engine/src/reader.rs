@@ -87,7 +87,7 @@ impl StateReader {
     ///   `flatten`, else `{key, map_value: {...}, partition_id}` per grouping key.
     ///
     /// `key` is an object of the key columns. Values are read through the variable's current
-    /// schema. A variable with a TTL adds `ttl_expiration_ms` to value rows and flattened
+    /// schema (at `at_batch`: the variables and schemas as they were at that batch). A variable with a TTL adds `ttl_expiration_ms` to value rows and flattened
     /// rows; expired values not yet cleaned up are shown. An unknown variable is an error
     /// naming the variables that exist.
     ///
@@ -102,7 +102,11 @@ impl StateReader {
         at_batch: Option<u64>,
         mut f: impl FnMut(Value) -> Result<(), EngineError>,
     ) -> Result<(), EngineError> {
-        let var = self.var(var_name)?;
+        let catalog = match at_batch {
+            Some(batch) => self.catalog_at(batch)?,
+            None => None,
+        };
+        let var = var_in(catalog.as_ref().unwrap_or(&self.catalog), var_name)?;
         let schemas = Schemas::new(var)?;
         let ttl = var.ttl_ms.is_some();
         let undo = match at_batch {
@@ -232,8 +236,9 @@ impl StateReader {
     /// change feed): `{batch_id, change_type, key, value, partition_id}`, `change_type`
     /// being `update` or `delete` (`value` null). List rows add the element's `list_index`
     /// (its sequence in the list), map rows its `user_map_key`. Removals by TTL cleanup, by
-    /// clears and by dropping the variable show as deletes. Values are read through the
-    /// variable's current schema.
+    /// clears and by dropping the variable show as deletes; a variable dropped and
+    /// re-created (`delete-if-exists`) shows the old one's deletes and the new one's writes.
+    /// Values are read through the variable's current schema.
     ///
     /// Only the change logs of the last retained batches (`--min-batches-to-retain`) are
     /// kept: a range reaching outside them is an error naming the range available.
@@ -244,8 +249,6 @@ impl StateReader {
         to: Option<u64>,
         mut f: impl FnMut(Value) -> Result<(), EngineError>,
     ) -> Result<(), EngineError> {
-        let var = self.var(var_name)?;
-        let schemas = Schemas::new(var)?;
         let Some((first, last)) = self.changelog_range()? else {
             return Err(EngineError::Config(
                 "the checkpoint has no retained change log: no batch was committed with one".into(),
@@ -263,11 +266,18 @@ impl StateReader {
                  retains the change logs of batches {first} to {last}"
             )));
         }
-        let ns = match var.kind {
-            VarKind::Value => keys::VALUE,
-            VarKind::List => keys::LIST,
-            VarKind::Map => keys::MAP,
-        };
+        // Every variable that bore the name: one dropped and re-created is a new variable
+        // (a new id), and the feed shows both the old one's deletes and the new one's writes.
+        let defs = self.vars_named(var_name)?;
+        let mut vars: HashMap<u32, (u8, Schemas<'_>)> = HashMap::new();
+        for def in &defs {
+            let ns = match def.kind {
+                VarKind::Value => keys::VALUE,
+                VarKind::List => keys::LIST,
+                VarKind::Map => keys::MAP,
+            };
+            vars.insert(def.id, (ns, Schemas::new(def)?));
+        }
         let mut out = Emitter {
             f: &mut f,
             failed: None,
@@ -276,13 +286,22 @@ impl StateReader {
             .scan_changelog(from, to, |batch, partition, log| {
                 for change in changelog::decode(log) {
                     let change = change?;
-                    if change.key.first() != Some(&ns) {
+                    // A delete of what did not exist changed nothing.
+                    if change.value.is_none() && change.before == Some(None) {
                         continue;
                     }
-                    if keys::decode_var_key(ns, change.key)?.0 != var.id {
+                    let Some(&ns) = change.key.first() else {
+                        continue;
+                    };
+                    if !matches!(ns, keys::VALUE | keys::LIST | keys::MAP) {
                         continue;
                     }
-                    let row = self.change_row(batch, partition, change, &schemas);
+                    let id = keys::decode_var_key(ns, change.key)?.0;
+                    let Some((_, schemas)) = vars.get(&id).filter(|(var_ns, _)| *var_ns == ns)
+                    else {
+                        continue;
+                    };
+                    let row = self.change_row(batch, partition, change, schemas);
                     if !out.emit(row) {
                         return Ok(false);
                     }
@@ -292,11 +311,64 @@ impl StateReader {
         out.failed.map_or(Ok(()), Err)
     }
 
-    /// Calls `f` with one row per registered timer: `{key, expiration_timestamp_ms,
-    /// partition_id}`, grouped by key and in time order within a key. Refused in time mode
-    /// `none`, which has no timers.
+    /// Every definition variable `name` had, in the current catalog and in those recorded
+    /// by earlier batches, one per variable id; an error naming the current variables if
+    /// there is none.
+    fn vars_named(&self, name: &str) -> Result<Vec<VarDef>, EngineError> {
+        let mut defs: Vec<VarDef> = Vec::new();
+        let mut failed = None;
+        self.checkpoint
+            .for_each_meta(meta::CATALOG_PREFIX, |record, bytes| {
+                match Catalog::from_json(bytes) {
+                    Ok(catalog) => {
+                        // Later records have the longer schema history.
+                        if let Some(def) = catalog.get(name) {
+                            defs.retain(|d| d.id != def.id);
+                            defs.push(def.clone());
+                        }
+                        Ok(true)
+                    }
+                    Err(e) => {
+                        failed = Some(EngineError::Config(format!(
+                            "the catalog record {record} is unreadable: {e}"
+                        )));
+                        Ok(false)
+                    }
+                }
+            })?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        // The current definition wins: it has the whole schema history.
+        match self.catalog.get(name) {
+            Some(current) => {
+                defs.retain(|d| d.id != current.id);
+                defs.push(current.clone());
+            }
+            None if defs.is_empty() => {
+                self.var(name)?;
+            }
+            None => {}
+        }
+        Ok(defs)
+    }
+
+    /// Calls `f` with one row per registered timer at the latest batch; see
+    /// [`Self::read_timers_at`].
     pub fn read_timers(
         &self,
+        f: impl FnMut(Value) -> Result<(), EngineError>,
+    ) -> Result<(), EngineError> {
+        self.read_timers_at(None, f)
+    }
+
+    /// Calls `f` with one row per registered timer: `{key, expiration_timestamp_ms,
+    /// partition_id}`, grouped by key and in time order within a key. Refused in time mode
+    /// `none`, which has no timers. `at_batch` reads the timers as registered at that batch
+    /// (any in [`Self::retained_batches`]) instead of the latest.
+    pub fn read_timers_at(
+        &self,
+        at_batch: Option<u64>,
         mut f: impl FnMut(Value) -> Result<(), EngineError>,
     ) -> Result<(), EngineError> {
         if self.config.time_mode == TimeMode::None {
@@ -304,8 +376,16 @@ impl StateReader {
                 "the query runs in time mode `none`, which has no timers to read".into(),
             ));
         }
+        let undo = match at_batch {
+            Some(batch) => {
+                self.check_readable(batch)?;
+                let latest = self.latest_batch_id().unwrap_or(batch);
+                self.checkpoint.undo_timers_since(batch, latest)?
+            }
+            None => Undo::default(),
+        };
         let mut failed = None;
-        self.checkpoint.scan_timers(|key, ts| {
+        self.checkpoint.scan_timers_at(&undo, |key, ts| {
             let row = self.key_fields(key).map(|mut row| {
                 row.insert("expiration_timestamp_ms".into(), ts.into());
                 self.finish(key, row)
@@ -381,19 +461,38 @@ impl StateReader {
     }
 
     fn var(&self, name: &str) -> Result<&VarDef, EngineError> {
-        self.catalog.get(name).ok_or_else(|| {
-            let names: Vec<String> = self
-                .catalog
-                .vars()
-                .map(|v| format!("`{}`", v.name))
-                .collect();
-            let known = if names.is_empty() {
-                "the checkpoint has no state variables".to_owned()
-            } else {
-                format!("state variables: {}", names.join(", "))
-            };
-            EngineError::Config(format!("unknown state variable `{name}` ({known})"))
-        })
+        var_in(&self.catalog, name)
+    }
+
+    /// The catalog as committed at `batch`, if a later batch changed it (`None`: the
+    /// current one applies). Each batch that changes the catalog records it under its id.
+    fn catalog_at(&self, batch: u64) -> Result<Option<Catalog>, EngineError> {
+        let mut at: Option<(u64, Vec<u8>)> = None;
+        let mut changed_later = false;
+        self.checkpoint
+            .for_each_meta(meta::CATALOG_PREFIX, |name, bytes| {
+                let id = name
+                    .strip_prefix(meta::CATALOG_PREFIX)
+                    .and_then(|id| id.parse::<u64>().ok())
+                    .ok_or_else(|| {
+                        StoreError::Corrupt(format!("malformed catalog record {name}"))
+                    })?;
+                if id <= batch {
+                    at = Some((id, bytes.to_vec()));
+                    Ok(true)
+                } else {
+                    changed_later = true;
+                    Ok(false)
+                }
+            })?;
+        match at {
+            Some((id, bytes)) if changed_later => {
+                Catalog::from_json(&bytes).map(Some).map_err(|e| {
+                    EngineError::Config(format!("the catalog of batch {id} is unreadable: {e}"))
+                })
+            }
+            _ => Ok(None),
+        }
     }
 
     /// `{"key": {column: value, ...}}` for a stored grouping key.
@@ -576,6 +675,19 @@ pub fn read_metadata(dir: &Path) -> Result<Value, EngineError> {
 /// [`StateReader::progress`].
 pub fn read_progress(dir: &Path, last_n: usize) -> Result<Vec<CommitRecord>, EngineError> {
     StateReader::open(dir)?.progress(last_n)
+}
+
+/// Variable `name` of `catalog`, or an error naming the variables that exist.
+fn var_in<'c>(catalog: &'c Catalog, name: &str) -> Result<&'c VarDef, EngineError> {
+    catalog.get(name).ok_or_else(|| {
+        let names: Vec<String> = catalog.vars().map(|v| format!("`{}`", v.name)).collect();
+        let known = if names.is_empty() {
+            "the checkpoint has no state variables".to_owned()
+        } else {
+            format!("state variables: {}", names.join(", "))
+        };
+        EngineError::Config(format!("unknown state variable `{name}` ({known})"))
+    })
 }
 
 /// Hands rows to the caller's callback; remembers the first error, after which it asks the
@@ -774,6 +886,12 @@ mod tests {
             rows_per_s: 0.0,
             variables: crate::VariableCounts::default(),
             state_bytes_on_disk: 0,
+            state_rows_total: 0,
+            state_rows_updated: 0,
+            state_rows_removed: 0,
+            timers_total: 0,
+            timers_registered: 0,
+            timers_deleted: 0,
             next_watermark_ms: -1,
         }
     }

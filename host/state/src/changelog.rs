@@ -26,10 +26,53 @@ const DELETE_BEFORE: u8 = 2;
 /// Tag of a put entry followed by its before-image.
 const PUT_BEFORE: u8 = 3;
 
-/// Whether writes to namespace `ns` belong in the change log.
+/// Whether writes to namespace `ns` belong in the change log: state values, list elements
+/// and map entries, and timers (by key; the by-time index mirrors it), so that state and
+/// timers at any retained batch can be reconstructed.
 #[inline]
 pub(crate) fn logged(ns: u8) -> bool {
-    matches!(ns, keys::VALUE | keys::LIST | keys::MAP)
+    matches!(
+        ns,
+        keys::VALUE | keys::LIST | keys::MAP | keys::TIMER_BY_KEY
+    )
+}
+
+/// What one batch's change logs did, counted from their entries and before-images.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChangeStats {
+    /// Values, list elements and map entries written (new or overwritten).
+    pub rows_updated: u64,
+    /// Of those, the ones that did not exist before the batch.
+    pub rows_added: u64,
+    /// Values, list elements and map entries that existed before the batch and were removed
+    /// (by the processor, a clear, TTL cleanup or a dropped variable).
+    pub rows_removed: u64,
+    /// Timers registered that were not registered before the batch.
+    pub timers_added: u64,
+    /// Timers registered before the batch and removed by it (fired or deleted).
+    pub timers_removed: u64,
+}
+
+impl ChangeStats {
+    /// Counts the entries of one change log.
+    pub fn add_log(&mut self, log: &[u8]) -> Result<()> {
+        for change in decode(log) {
+            let change = change?;
+            let existed = matches!(change.before, Some(Some(_)));
+            let is_new = matches!(change.before, Some(None));
+            let timer = change.key.first() == Some(&keys::TIMER_BY_KEY);
+            match (change.value, timer) {
+                (Some(_), false) => {
+                    self.rows_updated += 1;
+                    self.rows_added += u64::from(is_new);
+                }
+                (None, false) => self.rows_removed += u64::from(existed),
+                (Some(_), true) => self.timers_added += u64::from(is_new),
+                (None, true) => self.timers_removed += u64::from(existed),
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Appends one entry: `value` is the new stored bytes, `None` a delete; `before` the

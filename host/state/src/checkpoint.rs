@@ -6,7 +6,8 @@ use std::ops::Bound;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::engine::{KvEngine, WriteBatch, WriteOp};
+use crate::changelog::ChangeStats;
+use crate::engine::{KvEngine, ScanFn, WriteBatch, WriteOp};
 use crate::mem::MemEngine;
 use crate::rocks::RocksEngine;
 use crate::txn::PartitionTxn;
@@ -250,20 +251,46 @@ impl Checkpoint {
         })
     }
 
+    /// Calls `f` with every committed timer as `(grouping key, timestamp)` as of an earlier
+    /// batch: the committed timers with `undo` (see [`undo_timers_since`](Self::undo_timers_since))
+    /// applied. Ordered as [`scan_timers`](Self::scan_timers).
+    pub fn scan_timers_at(
+        &self,
+        undo: &Undo,
+        mut f: impl FnMut(&[u8], i64) -> Result<bool>,
+    ) -> Result<()> {
+        let (start, end) = keys::timers_by_key_range();
+        self.scan_merged(&start, &end, undo, &mut |k, _| {
+            let (key, ts) = keys::decode_timer_key(k)?;
+            f(key, ts)
+        })
+    }
+
     /// Scans one variable's entries in namespace `ns`: `(grouping key, suffix, value)`,
     /// merging `undo`'s entries over the committed ones in key order.
     fn scan_var(&self, ns: u8, var: VarId, undo: &Undo, f: &mut VarScanFn<'_>) -> Result<()> {
         let (start, end) = keys::var_range(ns, var);
-        let mut emit = |k: &[u8], v: &[u8]| -> Result<bool> {
+        self.scan_merged(&start, &end, undo, &mut |k, v| {
             let (_, key, suffix) = keys::decode_var_key(ns, k)?;
             f(key, suffix, StoredValue::decode(v)?)
-        };
+        })
+    }
+
+    /// Scans `[start, end)` with `undo`'s entries merged over the committed ones in key
+    /// order: an undo entry replaces the committed value at its key, or hides it (`None`).
+    fn scan_merged(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        undo: &Undo,
+        emit: &mut ScanFn<'_>,
+    ) -> Result<()> {
         let mut pending = undo
             .entries
-            .range::<[u8], _>((Bound::Included(&start[..]), Bound::Excluded(&end[..])))
+            .range::<[u8], _>((Bound::Included(start), Bound::Excluded(end)))
             .peekable();
         let mut stopped = false;
-        self.engine.scan(&start, &end, &mut |k, v| {
+        self.engine.scan(start, end, &mut |k, v| {
             while let Some((uk, uv)) = pending.next_if(|(uk, _)| uk.as_slice() < k) {
                 if let Some(uv) = uv
                     && !emit(uk, uv)?
@@ -300,14 +327,25 @@ impl Checkpoint {
     /// The change logs of batches `batch + 1..=latest` must be retained (the caller checks
     /// the range); a log written without before-images is an error.
     pub fn undo_since(&self, var: VarId, batch: u64, latest: u64) -> Result<Undo> {
-        let mut undo = Undo::default();
-        if batch >= latest {
-            return Ok(undo);
-        }
         let ranges: Vec<(Vec<u8>, Vec<u8>)> = [keys::VALUE, keys::LIST, keys::MAP]
             .into_iter()
             .map(|ns| keys::var_range(ns, var))
             .collect();
+        self.undo_ranges(&ranges, batch, latest)
+    }
+
+    /// What undoes the registered timers (of every key) of the batches after `batch` up to
+    /// `latest`, for [`scan_timers_at`](Self::scan_timers_at); as
+    /// [`undo_since`](Self::undo_since).
+    pub fn undo_timers_since(&self, batch: u64, latest: u64) -> Result<Undo> {
+        self.undo_ranges(&[keys::timers_by_key_range()], batch, latest)
+    }
+
+    fn undo_ranges(&self, ranges: &[(Vec<u8>, Vec<u8>)], batch: u64, latest: u64) -> Result<Undo> {
+        let mut undo = Undo::default();
+        if batch >= latest {
+            return Ok(undo);
+        }
         self.scan_changelog(batch + 1, latest, |logged_batch, _, log| {
             for change in changelog::decode(log) {
                 let change = change?;
@@ -356,6 +394,18 @@ impl Checkpoint {
     ///
     /// The transactions must come from this checkpoint (their reads were of its state).
     pub fn commit(&self, commit: Commit) -> Result<()> {
+        self.commit_with(commit, |_| Vec::new()).map(|_| ())
+    }
+
+    /// [`commit`](Self::commit), with metadata that depends on what the batch changed:
+    /// `finish` is called with the counts of the change log (all zero without one) before
+    /// the write, and its metadata writes are applied with the commit's own. Returns the
+    /// counts.
+    pub fn commit_with(
+        &self,
+        commit: Commit,
+        finish: impl FnOnce(&ChangeStats) -> Vec<(String, Option<Vec<u8>>)>,
+    ) -> Result<ChangeStats> {
         let Commit {
             drop_vars,
             txns,
@@ -403,7 +453,11 @@ impl Checkpoint {
             runs.push(ops);
         }
         batch.append(merge_runs(runs));
-        for (name, value) in meta {
+        let mut stats = ChangeStats::default();
+        for log in logs.values() {
+            stats.add_log(log)?;
+        }
+        for (name, value) in meta.into_iter().chain(finish(&stats)) {
             let key = keys::meta_key(&name);
             match value {
                 Some(v) => batch.put(key, v),
@@ -430,7 +484,7 @@ impl Checkpoint {
             ops,
             "committed batch"
         );
-        Ok(())
+        Ok(stats)
     }
 
     /// Logs deletes for the committed keys that `ops`' range tombstones over value, list

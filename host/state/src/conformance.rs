@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::engine::{GetFn, KvEngine, ScanFn, WriteBatch};
 use crate::overlay::POINT_DELETE_LIMIT;
 use crate::{
-    ChangelogWrite, Checkpoint, Commit, PartitionTxn, StoreError, StoredValue, changelog, keys,
+    ChangeStats, ChangelogWrite, Checkpoint, Commit, PartitionTxn, StoreError, StoredValue,
+    changelog, keys,
 };
 
 /// A checkpoint on one backend, reopenable to check durability.
@@ -674,8 +675,13 @@ fn ttl_cleanup_handles_more_than_one_chunk(fx: Fixture) {
 
 /// Commits `txns` and `drop_vars` as batch `batch` with its change log, keeping the logs of
 /// the last `retain` batches. Keys starting with `b` are in partition 1, others in 0.
-fn commit_logged(fx: &Fixture, batch: u64, drop_vars: Vec<u32>, txns: Vec<PartitionTxn>) {
-    commit_retaining(fx, batch, 100, drop_vars, txns);
+fn commit_logged(
+    fx: &Fixture,
+    batch: u64,
+    drop_vars: Vec<u32>,
+    txns: Vec<PartitionTxn>,
+) -> ChangeStats {
+    commit_retaining(fx, batch, 100, drop_vars, txns)
 }
 
 fn commit_retaining(
@@ -684,24 +690,27 @@ fn commit_retaining(
     retain: u64,
     drop_vars: Vec<u32>,
     txns: Vec<PartitionTxn>,
-) {
+) -> ChangeStats {
     fx.cp()
-        .commit(Commit {
-            drop_vars,
-            txns,
-            meta: vec![],
-            changelog: Some(ChangelogWrite {
-                batch_id: batch,
-                retain_from: (batch + 1).saturating_sub(retain),
-                partition_of: Box::new(|key: &[u8]| u16::from(key.starts_with(b"b"))),
-            }),
-        })
-        .unwrap();
+        .commit_with(
+            Commit {
+                drop_vars,
+                txns,
+                meta: vec![],
+                changelog: Some(ChangelogWrite {
+                    batch_id: batch,
+                    retain_from: (batch + 1).saturating_sub(retain),
+                    partition_of: Box::new(|key: &[u8]| u16::from(key.starts_with(b"b"))),
+                }),
+            },
+            |_| Vec::new(),
+        )
+        .unwrap()
 }
 
 /// The logged changes of batches `from..=to` as `(batch, partition, change)`, the change
 /// written `v1:a=payload` (value), `l2:a#seq=payload` (list), `m3:a.user=payload` (map),
-/// with `-` for a delete.
+/// `t:a@ts=+` (timer), with `-` for a delete.
 fn logged(fx: &Fixture, from: u64, to: u64) -> Vec<(u64, u16, String)> {
     let mut out = Vec::new();
     fx.cp()
@@ -709,6 +718,13 @@ fn logged(fx: &Fixture, from: u64, to: u64) -> Vec<(u64, u16, String)> {
             for change in changelog::decode(log) {
                 let change = change?;
                 let ns = change.key[0];
+                if ns == keys::TIMER_BY_KEY {
+                    let (key, ts) = keys::decode_timer_key(change.key)?;
+                    let op = if change.value.is_some() { "+" } else { "-" };
+                    let key = String::from_utf8_lossy(key);
+                    out.push((batch, partition, format!("t:{key}@{ts}={op}")));
+                    continue;
+                }
                 let (var, key, suffix) = keys::decode_var_key(ns, change.key)?;
                 let key = String::from_utf8_lossy(key);
                 let at = match ns {
@@ -752,7 +768,11 @@ fn changelog_records_point_writes_per_partition(mut fx: Fixture) {
     commit_logged(&fx, 1, vec![], vec![txn]);
     fx.reopen();
 
-    let mut want = entries(0, 0, &["v1:a=1", "l2:a#0=x", "l2:a#1=y", "m3:a.m=m1"]);
+    let mut want = entries(
+        0,
+        0,
+        &["v1:a=1", "l2:a#0=x", "l2:a#1=y", "m3:a.m=m1", "t:a@5=+"],
+    );
     want.extend(entries(0, 1, &["v1:b=2"]));
     want.extend(entries(
         1,
@@ -760,7 +780,7 @@ fn changelog_records_point_writes_per_partition(mut fx: Fixture) {
         &["v1:a=3", "l2:a#0=z", "l2:a#1=-", "m3:a.m=-"],
     ));
     assert_eq!(logged(&fx, 0, 1), want);
-    assert_eq!(logged(&fx, 1, u64::MAX), want[5..]);
+    assert_eq!(logged(&fx, 1, u64::MAX), want[6..]);
     assert_eq!(fx.cp().changelog_first_batch().unwrap(), Some(0));
     assert!(fx.cp().has_changelog(1).unwrap());
     assert!(!fx.cp().has_changelog(2).unwrap());
@@ -1065,7 +1085,7 @@ fn metadata_is_visited_one_blob_at_a_time(fx: Fixture) {
 
 /// Every entry of value variable 1, list variable 2 and map variable 3, as committed at
 /// `batch` (undoing the batches after it up to `latest`), written `v:key=payload`,
-/// `l:key#seq=payload`, `m:key.user=payload`.
+/// `l:key#seq=payload`, `m:key.user=payload`, and every timer, `t:key@ts`.
 fn state_at(fx: &Fixture, batch: u64, latest: u64) -> Vec<String> {
     let cp = fx.cp();
     let text = |v: StoredValue| String::from_utf8(v.payload).unwrap();
@@ -1090,6 +1110,11 @@ fn state_at(fx: &Fixture, batch: u64, latest: u64) -> Vec<String> {
         Ok(true)
     })
     .unwrap();
+    cp.scan_timers_at(&cp.undo_timers_since(batch, latest).unwrap(), |k, ts| {
+        out.push(format!("t:{}@{ts}", String::from_utf8_lossy(k)));
+        Ok(true)
+    })
+    .unwrap();
     out
 }
 
@@ -1108,9 +1133,12 @@ fn changelog_before_images_rebuild_every_earlier_batch(mut fx: Fixture) {
     a.list_append(2, b"a", numbered(0..big)).unwrap();
     a.map_put(3, b"a", b"x", v("x0")).unwrap();
     a.map_put(3, b"a", b"y", vt("y0", 100)).unwrap();
+    a.timer_register(b"a", 5).unwrap();
+    a.timer_register(b"a", 9).unwrap();
     let mut b = fx.cp().txn(1);
     b.value_put(1, b"b", v("b0")).unwrap();
     b.list_append(2, b"b", vec![v("p"), v("q")]).unwrap();
+    b.timer_register(b"b", 7).unwrap();
     commit(&mut fx, vec![], vec![a, b]);
 
     // Overwrites, a delete-if-exists of a missing key, a removed map entry.
@@ -1119,7 +1147,10 @@ fn changelog_before_images_rebuild_every_earlier_batch(mut fx: Fixture) {
     a.value_delete(1, b"zz").unwrap();
     a.map_remove(3, b"a", b"x").unwrap();
     a.map_put(3, b"a", b"z", v("z1")).unwrap();
+    a.timer_delete(b"a", 5).unwrap();
+    a.timer_register(b"a", 3).unwrap();
     let mut b = fx.cp().txn(1);
+    b.timer_delete(b"b", 7).unwrap();
     b.value_delete(1, b"b").unwrap();
     b.list_append(2, b"b", vec![v("r")]).unwrap();
     commit(&mut fx, vec![], vec![a, b]);
@@ -1147,6 +1178,15 @@ fn changelog_before_images_rebuild_every_earlier_batch(mut fx: Fixture) {
     }
     assert!(seen[0].contains(&"m:a.y=y0".to_owned()));
     assert!(!seen[2].contains(&"m:a.y=y0".to_owned()));
+    let timers = |batch: usize| -> Vec<&str> {
+        seen[batch]
+            .iter()
+            .filter(|e| e.starts_with("t:"))
+            .map(String::as_str)
+            .collect()
+    };
+    assert_eq!(timers(0), ["t:a@5", "t:a@9", "t:b@7"]);
+    assert_eq!(timers(1), ["t:a@3", "t:a@9"]);
 
     // Scans stop when asked, also inside the undone entries.
     let undo = fx.cp().undo_since(2, 0, latest).unwrap();
@@ -1159,6 +1199,50 @@ fn changelog_before_images_rebuild_every_earlier_batch(mut fx: Fixture) {
         })
         .unwrap();
     assert_eq!(calls, 2);
+}
+
+fn change_stats_count_what_each_batch_changed(fx: Fixture) {
+    let mut a = fx.cp().txn(0);
+    a.value_put(1, b"a", v("a0")).unwrap();
+    a.list_append(2, b"a", vec![v("x"), v("y")]).unwrap();
+    a.map_put(3, b"a", b"m", v("m0")).unwrap();
+    a.timer_register(b"a", 5).unwrap();
+    a.timer_register(b"a", 6).unwrap();
+    // Registered and deleted within the batch: not counted.
+    a.timer_register(b"a", 7).unwrap();
+    a.timer_delete(b"a", 7).unwrap();
+    let stats = commit_logged(&fx, 0, vec![], vec![a]);
+    assert_eq!(
+        stats,
+        ChangeStats {
+            rows_updated: 4,
+            rows_added: 4,
+            rows_removed: 0,
+            timers_added: 2,
+            timers_removed: 0,
+        }
+    );
+
+    let mut a = fx.cp().txn(0);
+    a.value_put(1, b"a", v("a1")).unwrap();
+    a.list_clear(2, b"a").unwrap();
+    // Deleting a missing value or timer removes nothing.
+    a.value_delete(1, b"zz").unwrap();
+    a.timer_delete(b"a", 99).unwrap();
+    a.timer_delete(b"a", 5).unwrap();
+    // Re-registering an existing timer adds nothing.
+    a.timer_register(b"a", 6).unwrap();
+    let stats = commit_logged(&fx, 1, vec![3], vec![a]);
+    assert_eq!(
+        stats,
+        ChangeStats {
+            rows_updated: 1,
+            rows_added: 0,
+            rows_removed: 3,
+            timers_added: 0,
+            timers_removed: 1,
+        }
+    );
 }
 
 fn get_many_reads_keys_in_order_across_chunks(fx: Fixture) {
@@ -1234,6 +1318,7 @@ conformance!(
     committed_state_scans_report_corrupt_bytes,
     metadata_is_visited_one_blob_at_a_time,
     changelog_records_point_writes_per_partition,
+    change_stats_count_what_each_batch_changed,
     changelog_lists_the_keys_range_tombstones_remove,
     changelog_lists_the_entries_of_dropped_variables,
     changelog_shows_ttl_cleanup_as_deletes,

@@ -34,6 +34,7 @@ mod value;
 #[cfg(test)]
 mod conformance;
 
+pub use changelog::ChangeStats;
 pub use checkpoint::{ChangelogWrite, Checkpoint, Commit, Undo};
 pub use engine::{GetFn, GetManyFn, KvEngine, ScanFn, WriteBatch, WriteOp};
 pub use txn::PartitionTxn;
