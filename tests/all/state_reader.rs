@@ -521,9 +521,17 @@ fn time_travel_reads_each_retained_batch_as_it_was() {
     ] {
         let rows: Vec<Value> = keys.iter().map(|k| json!({"k": k})).collect();
         scratch.write_rows(file, &rows);
-        scratch.run_cmd(guests::COUNTER, "k").run().expect_ok();
+        scratch
+            .run_cmd(guests::COUNTER, "k")
+            .args(["--snapshot-interval", "2"])
+            .run()
+            .expect_ok();
         live.push(read_all(None));
     }
+    // Snapshots after batches 1 and 3: batch 0 is read by undoing batch 1 in snapshot 1,
+    // batch 2 from snapshot 3, batch 3 from the latest state.
+    let meta: Value = serde_json::from_str(&state_ok(&scratch, &["metadata"])).unwrap();
+    assert_eq!(meta["snapshots"], json!([1, 3]));
     for (batch, want) in live.iter().enumerate() {
         assert_eq!(&read_all(Some(batch as u64)), want, "batch {batch}");
     }
@@ -532,15 +540,16 @@ fn time_travel_reads_each_retained_batch_as_it_was() {
     scratch.write_rows("e.jsonl", &[json!({"k": "u1"})]);
     scratch
         .run_cmd(guests::COUNTER, "k")
-        .args(["--min-batches-to-retain", "2"])
+        .args(["--min-batches-to-retain", "2", "--snapshot-interval", "2"])
         .run()
         .expect_ok();
-    // Logs of batches 3 and 4 are kept: batches 2 to 4 can be read.
+    // Logs of batches 3 and 4 are kept: batches 2 to 4 can be read, so snapshot 1 is gone.
     let meta: Value = serde_json::from_str(&state_ok(&scratch, &["metadata"])).unwrap();
     assert_eq!(
         (meta["min_batch_id"].clone(), meta["max_batch_id"].clone()),
         (json!(2), json!(4))
     );
+    assert_eq!(meta["snapshots"], json!([3]));
     assert_eq!(read_all(Some(2)), live[2]);
     assert_eq!(read_all(Some(3)), live[3]);
     let err = state_err(&scratch, &["read", "--var", "count", "--batch-id", "1"]);
@@ -679,7 +688,11 @@ fn timers_and_progress_counts_follow_each_batch() {
     assert_eq!(
         records
             .iter()
-            .map(|c| (c.state_rows_total, c.state_rows_updated, c.state_rows_removed))
+            .map(|c| (
+                c.state_rows_total,
+                c.state_rows_updated,
+                c.state_rows_removed
+            ))
             .collect::<Vec<_>>(),
         [(4, 4, 0), (4, 1, 0), (3, 1, 1)]
     );

@@ -106,6 +106,10 @@ struct RunArgs {
     /// How many of the latest batches keep their change log (`statebox state changes`).
     #[arg(long, default_value_t = statebox_engine::DEFAULT_MIN_BATCHES_TO_RETAIN)]
     min_batches_to_retain: u64,
+    /// Keep a snapshot of the state every this many batches (0: none), so reading an
+    /// earlier batch (`statebox state read --batch-id`) undoes at most this many batches.
+    #[arg(long, default_value_t = statebox_engine::DEFAULT_SNAPSHOT_INTERVAL)]
+    snapshot_interval: u64,
     /// Print each batch's commit record (its progress report) as a JSON line on stdout.
     #[arg(long)]
     progress_json: bool,
@@ -270,6 +274,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         output_event_time_column: args.output_event_time,
         initial_state: args.initial_state,
         min_batches_to_retain: args.min_batches_to_retain,
+        snapshot_interval: args.snapshot_interval,
         ..QueryOptions::new(args.input, args.output.clone(), args.checkpoint, args.key)
     };
     let mut query = Query::open(opts, Arc::new(processor))?;

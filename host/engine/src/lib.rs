@@ -101,6 +101,11 @@ pub struct QueryOptions {
     /// How many of the latest batches keep their change log (at least 1; the CLI's
     /// default is [`DEFAULT_MIN_BATCHES_TO_RETAIN`]). Older logs are removed at each commit.
     pub min_batches_to_retain: u64,
+    /// Every this many batches, a snapshot of the state (a RocksDB checkpoint, hard-linked)
+    /// is kept under `<checkpoint>/snapshots/<batch>`, so reading an earlier batch undoes at
+    /// most this many batches' changes (see [`reader`]); 0 takes none. Snapshots older than
+    /// the retained batches are removed.
+    pub snapshot_interval: u64,
 }
 
 impl QueryOptions {
@@ -126,9 +131,13 @@ impl QueryOptions {
             output_event_time_column: None,
             initial_state: None,
             min_batches_to_retain: DEFAULT_MIN_BATCHES_TO_RETAIN,
+            snapshot_interval: DEFAULT_SNAPSHOT_INTERVAL,
         }
     }
 }
+
+/// The default of [`QueryOptions::snapshot_interval`].
+pub const DEFAULT_SNAPSHOT_INTERVAL: u64 = 10;
 
 /// The default of [`QueryOptions::min_batches_to_retain`].
 pub const DEFAULT_MIN_BATCHES_TO_RETAIN: u64 = 100;
@@ -651,10 +660,40 @@ impl Query {
             self.progress.insert(file, p);
         }
         self.head = Some(commit.clone());
+        self.snapshot(plan.batch_id);
         commit.duration_ms = started.elapsed().as_millis() as u64;
         commit.commit_ms = commit.duration_ms - read_ms - process_ms;
         commit.rows_per_s = rows_per_s(input_rows, started);
         Ok(BatchReport { commit })
+    }
+
+    /// Takes the periodic state snapshot after committing `batch` (every
+    /// [`QueryOptions::snapshot_interval`] batches) and removes snapshots of batches no
+    /// longer retained. The batch is committed already: a failure is logged, not returned
+    /// (reads of earlier batches then undo from the next snapshot or the latest state).
+    fn snapshot(&self, batch: u64) {
+        let interval = self.opts.snapshot_interval;
+        if interval == 0 {
+            return;
+        }
+        let dir = reader::snapshots_dir(&self.opts.checkpoint);
+        if (batch + 1).is_multiple_of(interval) {
+            let at = dir.join(reader::snapshot_name(batch));
+            match self.checkpoint.snapshot(&at) {
+                Ok(_) => tracing::debug!(batch, dir = %at.display(), "state snapshot taken"),
+                Err(e) => tracing::warn!(batch, "cannot take a state snapshot: {e}"),
+            }
+        }
+        // Batches before the first retained one cannot be read; their snapshots go.
+        let first_retained = (batch + 1).saturating_sub(self.opts.min_batches_to_retain);
+        for old in reader::list_snapshots(&dir) {
+            if old < first_retained.saturating_sub(1) {
+                let path = dir.join(reader::snapshot_name(old));
+                if let Err(e) = std::fs::remove_dir_all(&path) {
+                    tracing::warn!(dir = %path.display(), "cannot remove an old snapshot: {e}");
+                }
+            }
+        }
     }
 
     /// Reads the plan's initial-state ranges (batch 0 of a new checkpoint only).

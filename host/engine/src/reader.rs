@@ -8,7 +8,7 @@
 //! grouping key's collection at a time).
 
 use std::collections::{HashMap, VecDeque};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value, json};
 use statebox_runtime::catalog::{Catalog, VarDef, VarKind};
@@ -23,6 +23,8 @@ use crate::{CommitRecord, EngineError, QueryConfig, TimeMode};
 /// earlier batch.
 #[derive(Debug)]
 pub struct StateReader {
+    /// The checkpoint directory.
+    dir: PathBuf,
     checkpoint: Checkpoint,
     config: QueryConfig,
     catalog: Catalog,
@@ -56,6 +58,7 @@ impl StateReader {
             None => None,
         };
         Ok(StateReader {
+            dir: dir.to_owned(),
             checkpoint,
             config,
             catalog,
@@ -102,6 +105,9 @@ impl StateReader {
         at_batch: Option<u64>,
         mut f: impl FnMut(Value) -> Result<(), EngineError>,
     ) -> Result<(), EngineError> {
+        if let Some(snapshot) = self.snapshot_for(at_batch)? {
+            return snapshot.read_state(var_name, flatten, at_batch, f);
+        }
         let catalog = match at_batch {
             Some(batch) => self.catalog_at(batch)?,
             None => None,
@@ -311,6 +317,26 @@ impl StateReader {
         out.failed.map_or(Ok(()), Err)
     }
 
+    /// For reading `at_batch`: the reader of the earliest snapshot at or after it, if one
+    /// is older than the latest batch (undoing from it is less work), after checking the
+    /// batch is readable at all.
+    fn snapshot_for(&self, at_batch: Option<u64>) -> Result<Option<StateReader>, EngineError> {
+        let Some(batch) = at_batch else {
+            return Ok(None);
+        };
+        self.check_readable(batch)?;
+        let latest = self.latest_batch_id().unwrap_or(batch);
+        let dir = snapshots_dir(&self.dir);
+        match list_snapshots(&dir)
+            .into_iter()
+            .find(|&s| s >= batch && s < latest)
+        {
+            // A snapshot the writer removes meanwhile: undo from the latest state instead.
+            Some(s) => Ok(StateReader::open(&dir.join(snapshot_name(s))).ok()),
+            None => Ok(None),
+        }
+    }
+
     /// Every definition variable `name` had, in the current catalog and in those recorded
     /// by earlier batches, one per variable id; an error naming the current variables if
     /// there is none.
@@ -376,6 +402,9 @@ impl StateReader {
                 "the query runs in time mode `none`, which has no timers to read".into(),
             ));
         }
+        if let Some(snapshot) = self.snapshot_for(at_batch)? {
+            return snapshot.read_timers_at(at_batch, f);
+        }
         let undo = match at_batch {
             Some(batch) => {
                 self.check_readable(batch)?;
@@ -432,6 +461,7 @@ impl StateReader {
             "time_mode": self.config.time_mode,
             "output_mode": self.config.output_mode,
             "key_columns": self.config.key_columns,
+            "snapshots": list_snapshots(&snapshots_dir(&self.dir)),
             "variables": variables,
         }))
     }
@@ -675,6 +705,27 @@ pub fn read_metadata(dir: &Path) -> Result<Value, EngineError> {
 /// [`StateReader::progress`].
 pub fn read_progress(dir: &Path, last_n: usize) -> Result<Vec<CommitRecord>, EngineError> {
     StateReader::open(dir)?.progress(last_n)
+}
+
+/// Where the periodic state snapshots of the checkpoint in `checkpoint` live.
+pub fn snapshots_dir(checkpoint: &Path) -> PathBuf {
+    checkpoint.join("snapshots")
+}
+
+/// The directory name of the snapshot taken after committing `batch`.
+pub fn snapshot_name(batch: u64) -> String {
+    format!("{batch:020}")
+}
+
+/// The batches of the complete snapshots in `dir`, ascending (none if it does not exist).
+pub fn list_snapshots(dir: &Path) -> Vec<u64> {
+    let mut batches: Vec<u64> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    batches.sort_unstable();
+    batches
 }
 
 /// Variable `name` of `catalog`, or an error naming the variables that exist.

@@ -119,6 +119,32 @@ impl Checkpoint {
         Ok(Self::with_engine(Arc::new(engine)))
     }
 
+    /// Writes a snapshot of the committed state (everything a checkpoint holds) to `dir`,
+    /// which must not exist, as a checkpoint that [`open_read_only`](Self::open_read_only)
+    /// opens. Built in a temporary sibling directory and renamed into place, so `dir` is
+    /// complete or absent. Returns `false` (writing nothing) for checkpoints in memory.
+    pub fn snapshot(&self, dir: &Path) -> Result<bool> {
+        let io = |what: &str, path: &Path, e: std::io::Error| {
+            StoreError::Storage(format!("{what} {}: {e}", path.display()))
+        };
+        let name = dir
+            .file_name()
+            .ok_or_else(|| StoreError::Storage(format!("bad snapshot path {}", dir.display())))?;
+        let parent = dir.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(parent).map_err(|e| io("creating", parent, e))?;
+        let tmp = parent.join(format!(".tmp-{}", name.to_string_lossy()));
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp).map_err(|e| io("removing", &tmp, e))?;
+        }
+        std::fs::create_dir_all(&tmp).map_err(|e| io("creating", &tmp, e))?;
+        if !self.engine.snapshot_to(&tmp.join(DB_DIR))? {
+            std::fs::remove_dir_all(&tmp).map_err(|e| io("removing", &tmp, e))?;
+            return Ok(false);
+        }
+        std::fs::rename(&tmp, dir).map_err(|e| io("renaming snapshot to", dir, e))?;
+        Ok(true)
+    }
+
     /// The backend, for tests that need to plant bytes or observe reads.
     #[cfg(test)]
     pub(crate) fn engine(&self) -> &Arc<dyn KvEngine> {

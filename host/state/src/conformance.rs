@@ -1245,6 +1245,45 @@ fn change_stats_count_what_each_batch_changed(fx: Fixture) {
     );
 }
 
+fn snapshot_keeps_the_state_committed_when_taken(fx: Fixture) {
+    let mut txn = fx.cp().txn(0);
+    txn.value_put(1, b"a", v("1")).unwrap();
+    fx.commit(vec![txn]);
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("snapshots").join("0");
+    if !fx.cp().snapshot(&snap).unwrap() {
+        // Checkpoints in memory take none.
+        assert!(!snap.exists());
+        return;
+    }
+    let mut txn = fx.cp().txn(0);
+    txn.value_put(1, b"a", v("2")).unwrap();
+    txn.value_put(1, b"b", v("3")).unwrap();
+    fx.commit(vec![txn]);
+    let values = |cp: &Checkpoint| {
+        let mut out = Vec::new();
+        cp.scan_values(1, |k, v| {
+            out.push(format!(
+                "{}={}",
+                String::from_utf8_lossy(k),
+                String::from_utf8_lossy(&v.payload)
+            ));
+            Ok(true)
+        })
+        .unwrap();
+        out
+    };
+    let old = Checkpoint::open_read_only(&snap).unwrap();
+    assert_eq!(values(&old), ["a=1"]);
+    assert_eq!(values(&fx.cp()), ["a=2", "b=3"]);
+    // No temporary directory is left behind.
+    let names: Vec<_> = std::fs::read_dir(dir.path().join("snapshots"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["0"]);
+}
+
 fn get_many_reads_keys_in_order_across_chunks(fx: Fixture) {
     let mut txn = fx.cp().txn(0);
     for i in (0..2_500).step_by(2) {
@@ -1319,6 +1358,7 @@ conformance!(
     metadata_is_visited_one_blob_at_a_time,
     changelog_records_point_writes_per_partition,
     change_stats_count_what_each_batch_changed,
+    snapshot_keeps_the_state_committed_when_taken,
     changelog_lists_the_keys_range_tombstones_remove,
     changelog_lists_the_entries_of_dropped_variables,
     changelog_shows_ttl_cleanup_as_deletes,

@@ -6,6 +6,8 @@
 //!
 //! **API boundary:** the trait knows nothing about the key layout; [`crate::keys`] does.
 
+use std::path::Path;
+
 use crate::Result;
 
 /// A point read's callback: receives the stored bytes.
@@ -25,6 +27,14 @@ pub trait KvEngine: Send + Sync + 'static {
     /// Bytes the backend keeps on disk (0 for backends in memory).
     fn disk_bytes(&self) -> u64 {
         0
+    }
+
+    /// Writes a consistent copy of the committed data into the new directory `dir`, cheaply
+    /// (a RocksDB checkpoint hard-links the immutable files). Returns `false` if the backend
+    /// cannot (backends in memory).
+    fn snapshot_to(&self, dir: &Path) -> Result<bool> {
+        let _ = dir;
+        Ok(false)
     }
 
     /// Calls `f` with the value stored at `key`, if there is one; returns whether there was.
