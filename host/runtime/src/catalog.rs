@@ -372,7 +372,19 @@ impl std::fmt::Display for UpgradeReport {
             }
         }
         if let Some(e) = &self.init_error {
-            writeln!(f, "  init fails on this checkpoint: {e}")?;
+            // A refused declaration usually is why init failed: say so once, on its line.
+            let refused = self.vars.iter().any(
+                |(_, status)| matches!(status, VarStatus::Incompatible(why) if e.contains(why)),
+            );
+            if refused {
+                writeln!(
+                    f,
+                    "  init fails on this checkpoint at the refusal above; variables it would \
+                     declare after that are not checked"
+                )?;
+            } else {
+                writeln!(f, "  init fails on this checkpoint: {e}")?;
+            }
         }
         Ok(())
     }
@@ -558,5 +570,31 @@ mod tests {
             other => panic!("expected incompatible, got {other:?}"),
         }
         assert!(!report.is_compatible());
+    }
+
+    #[test]
+    fn a_refusal_that_fails_init_is_reported_once() {
+        let why = "state variable `p` is a value in the checkpoint but is now declared as a list";
+        let report = UpgradeReport {
+            vars: vec![
+                ("a".into(), VarStatus::Unchanged),
+                ("p".into(), VarStatus::Incompatible(why.into())),
+            ],
+            init_error: Some(format!("init failed: {why}")),
+        };
+        let text = report.to_string();
+        assert_eq!(text.matches(why).count(), 1, "{text}");
+        assert!(text.contains("at the refusal above"), "{text}");
+
+        // An init failure of its own is printed in full.
+        let report = UpgradeReport {
+            vars: vec![("a".into(), VarStatus::Unchanged)],
+            init_error: Some("init failed: boom".into()),
+        };
+        assert!(
+            report
+                .to_string()
+                .contains("init fails on this checkpoint: init failed: boom")
+        );
     }
 }
