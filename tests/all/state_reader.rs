@@ -443,23 +443,9 @@ fn change_feed_follows_batches_and_retention() {
 #[test]
 fn change_feed_shows_ttl_removals_as_deletes() {
     let scratch = Scratch::new();
-    let processor = std::sync::Arc::new(
-        statebox_tests::runtime(Default::default())
-            .load_file(std::path::Path::new(DEDUP_TTL))
-            .expect("load dedup-ttl"),
-    );
-    let opts = statebox_engine::QueryOptions {
-        time_mode: Some(statebox_engine::TimeMode::ProcessingTime),
-        ..statebox_engine::QueryOptions::new(
-            scratch.input(),
-            scratch.output(),
-            scratch.checkpoint(),
-            vec!["id".into()],
-        )
-    };
+    let mut query = statebox_tests::processing_time_query(&scratch, DEDUP_TTL, "id");
     scratch.write_rows("a.jsonl", &[json!({"id": "e1"}), json!({"id": "e2"})]);
     let t0 = 1_700_000_000_000_i64;
-    let mut query = statebox_engine::Query::open(opts, processor).expect("open query");
     query.run_next(Some(t0)).expect("batch 0").expect("input");
     query.run_no_data(Some(t0 + 30_000)).expect("batch 1");
     query.run_no_data(Some(t0 + 61_000)).expect("batch 2");
@@ -562,23 +548,9 @@ fn time_travel_reads_each_retained_batch_as_it_was() {
 
     // TTL cleanup and time travel: the dedup entries live at batch 0, removed at batch 2.
     let ttl = Scratch::new();
-    let processor = std::sync::Arc::new(
-        statebox_tests::runtime(Default::default())
-            .load_file(std::path::Path::new(DEDUP_TTL))
-            .expect("load dedup-ttl"),
-    );
-    let opts = statebox_engine::QueryOptions {
-        time_mode: Some(statebox_engine::TimeMode::ProcessingTime),
-        ..statebox_engine::QueryOptions::new(
-            ttl.input(),
-            ttl.output(),
-            ttl.checkpoint(),
-            vec!["id".into()],
-        )
-    };
+    let mut query = statebox_tests::processing_time_query(&ttl, DEDUP_TTL, "id");
     ttl.write_rows("a.jsonl", &[json!({"id": "e1"}), json!({"id": "e2"})]);
     let t0 = 1_700_000_000_000_i64;
-    let mut query = statebox_engine::Query::open(opts, processor).expect("open query");
     query.run_next(Some(t0)).expect("batch 0").expect("input");
     query.run_no_data(Some(t0 + 61_000)).expect("batch 1");
     drop(query);
@@ -594,22 +566,8 @@ fn time_travel_reads_each_retained_batch_as_it_was() {
 #[test]
 fn timers_and_progress_counts_follow_each_batch() {
     let scratch = Scratch::new();
-    let processor = std::sync::Arc::new(
-        statebox_tests::runtime(Default::default())
-            .load_file(std::path::Path::new(HEARTBEAT))
-            .expect("load heartbeat-monitor"),
-    );
-    let opts = statebox_engine::QueryOptions {
-        time_mode: Some(statebox_engine::TimeMode::ProcessingTime),
-        ..statebox_engine::QueryOptions::new(
-            scratch.input(),
-            scratch.output(),
-            scratch.checkpoint(),
-            vec!["sensor".into()],
-        )
-    };
+    let mut query = statebox_tests::processing_time_query(&scratch, HEARTBEAT, "sensor");
     let t0 = 1_700_000_000_000_i64;
-    let mut query = statebox_engine::Query::open(opts, processor).expect("open query");
     let mut timers_at = Vec::new();
     let mut records = Vec::new();
     let mut read_timers = |scratch: &Scratch| -> Vec<(Value, Value)> {

@@ -435,3 +435,21 @@ pub fn interrupt(mut child: std::process::Child) -> String {
     );
     stderr
 }
+
+/// A processing-time query of component `wasm` keyed by `key` over the scratch directory's
+/// input, output and checkpoint, driven in-process so a test sets each batch's timestamp.
+pub fn processing_time_query(scratch: &Scratch, wasm: &str, key: &str) -> Query {
+    let processor = runtime(Limits::default())
+        .load_file(Path::new(wasm))
+        .unwrap_or_else(|e| panic!("load {wasm}: {e}"));
+    let opts = QueryOptions {
+        time_mode: Some(statebox_engine::TimeMode::ProcessingTime),
+        ..QueryOptions::new(
+            scratch.input(),
+            scratch.output(),
+            scratch.checkpoint(),
+            vec![key.into()],
+        )
+    };
+    Query::open(opts, Arc::new(processor)).expect("open query")
+}

@@ -1275,7 +1275,7 @@ fn snapshot_keeps_the_state_committed_when_taken(fx: Fixture) {
     };
     let old = Checkpoint::open_read_only(&snap).unwrap();
     assert_eq!(values(&old), ["a=1"]);
-    assert_eq!(values(&fx.cp()), ["a=2", "b=3"]);
+    assert_eq!(values(fx.cp()), ["a=2", "b=3"]);
     // No temporary directory is left behind.
     let names: Vec<_> = std::fs::read_dir(dir.path().join("snapshots"))
         .unwrap()
