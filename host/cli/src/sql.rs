@@ -1,0 +1,56 @@
+//! `statebox sql`: SQL over a checkpoint's committed state (read-only; works while a
+//! pipeline runs on it). The queries run on Apache DataFusion; see the `statebox-sql`
+//! crate for the table functions and their columns.
+
+use std::io::{BufWriter, Write};
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use statebox_sql::OutputFormat;
+
+/// `statebox sql`.
+#[derive(Args)]
+pub(crate) struct SqlArgs {
+    /// The checkpoint directory (read-only; may be in use by a running pipeline).
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// One query, e.g. "SELECT key, value FROM read_statestore(stateVarName => 'count')".
+    /// Table functions: read_statestore(stateVarName => 'NAME', batchId => N,
+    /// flattenCollectionTypes => false, readChangeFeed => true, changeStartBatchId => N,
+    /// changeEndBatchId => M, readRegisteredTimers => true) and read_state_metadata().
+    query: String,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    format: Format,
+}
+
+/// How the result is printed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Format {
+    /// A bordered table for a terminal (holds the whole result in memory).
+    Table,
+    /// One JSON object per row.
+    Jsonl,
+    /// Comma-separated values with a header line; nested values as JSON text.
+    Csv,
+}
+
+impl From<Format> for OutputFormat {
+    fn from(f: Format) -> OutputFormat {
+        match f {
+            Format::Table => OutputFormat::Table,
+            Format::Jsonl => OutputFormat::Jsonl,
+            Format::Csv => OutputFormat::Csv,
+        }
+    }
+}
+
+/// Runs `statebox sql`.
+pub(crate) fn run(args: SqlArgs) -> anyhow::Result<()> {
+    let stdout = std::io::stdout();
+    let mut out = BufWriter::new(stdout.lock());
+    statebox_sql::run(&args.checkpoint, &args.query, args.format.into(), &mut out)
+        .with_context(|| format!("query on checkpoint {} failed", args.checkpoint.display()))?;
+    out.flush().context("cannot write to standard output")
+}
