@@ -8,9 +8,11 @@ use statebox_state::{PartitionTxn, StoreError, StoredValue};
 use wasmtime::component::{Resource, ResourceTable};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use crate::bindings::statebox::processor::{handle, log, state, types};
 use crate::catalog::{Catalog, Declaration, DeclareError, Described, InitOp, VarHandle, VarKind};
+use crate::http::HttpHooks;
 use crate::sandbox::{Limits, VirtualClock, VirtualRandom};
 use crate::{BatchTimes, InstanceConfig, TimeMode};
 use types::{ErrorKind, StateError};
@@ -66,6 +68,8 @@ enum Phase {
 pub(crate) struct MemoryLimiter {
     max: usize,
     hit: bool,
+    /// The largest linear memory granted so far, in bytes (the instance's high-water mark).
+    pub(crate) peak: usize,
 }
 
 impl wasmtime::ResourceLimiter for MemoryLimiter {
@@ -77,6 +81,9 @@ impl wasmtime::ResourceLimiter for MemoryLimiter {
     ) -> wasmtime::Result<bool> {
         let ok = desired <= self.max;
         self.hit |= !ok;
+        if ok {
+            self.peak = self.peak.max(desired);
+        }
         Ok(ok)
     }
 
@@ -98,6 +105,9 @@ pub struct HostState {
     limits_config: Limits,
     table: ResourceTable,
     wasi: WasiCtx,
+    /// Outbound HTTP: denied unless the host is on the allow-list (`Limits::http_hosts`).
+    http: WasiHttpCtx,
+    http_hooks: HttpHooks,
     stderr: MemoryOutputPipe,
     clock: VirtualClock,
     random: VirtualRandom,
@@ -119,6 +129,16 @@ impl WasiView for HostState {
         WasiCtxView {
             ctx: &mut self.wasi,
             table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for HostState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.http_hooks,
         }
     }
 }
@@ -152,10 +172,13 @@ impl HostState {
             limits: MemoryLimiter {
                 max: limits.memory_bytes,
                 hit: false,
+                peak: 0,
             },
             limits_config: limits.clone(),
             table,
             wasi,
+            http: WasiHttpCtx::new(),
+            http_hooks: HttpHooks::new(&limits.http_hosts, limits.call_timeout),
             stderr,
             clock,
             random,
@@ -181,6 +204,12 @@ impl HostState {
 
     pub(crate) fn call_timeout(&self) -> std::time::Duration {
         self.limits_config.call_timeout
+    }
+
+    /// Starts the wall-clock deadline of a call, which bounds its outbound HTTP requests
+    /// (host calls block, and the epoch deadline cannot interrupt them).
+    pub(crate) fn start_call_deadline(&mut self) {
+        self.http_hooks.start_call(self.limits_config.call_timeout);
     }
 
     pub(crate) fn deadline_ticks(&self) -> u64 {

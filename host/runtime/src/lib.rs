@@ -14,6 +14,7 @@
 mod bindings;
 pub mod catalog;
 mod host;
+mod http;
 mod sandbox;
 
 use std::fmt;
@@ -31,6 +32,7 @@ pub use crate::bindings::statebox::processor::types::TimeMode;
 use crate::bindings::{StatefulProcessor, StatefulProcessorPre};
 use crate::catalog::Catalog;
 use crate::host::HostState;
+pub use crate::http::HttpHost;
 pub use crate::sandbox::Limits;
 
 /// The fully qualified name of the world every processor must implement.
@@ -159,6 +161,9 @@ impl Runtime {
         let engine = sandbox::engine()?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
+        // Always linked, so a processor that imports wasi:http loads; every request is
+        // checked against the processor's allow-list (`Limits::http_hosts`, empty by default).
+        wasmtime_wasi_http::p2::add_only_http_to_linker_sync(&mut linker)?;
         StatefulProcessor::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
         let ticker = sandbox::EpochTicker::start(engine.clone());
         Ok(Runtime {
@@ -185,6 +190,13 @@ impl Runtime {
 
     /// Compiles (or fetches from the cache), checks and describes a processor component.
     pub fn load(&self, bytes: &[u8]) -> Result<Processor, LoadError> {
+        self.load_with_limits(bytes, self.config.limits.clone())
+    }
+
+    /// Like [`load`](Self::load), but every call of the processor runs under `limits`
+    /// instead of the runtime's: how a multi-tenant host applies each tenant's limits while
+    /// sharing one engine and its compiled-component cache.
+    pub fn load_with_limits(&self, bytes: &[u8], limits: Limits) -> Result<Processor, LoadError> {
         sandbox::check_component_header(bytes).map_err(LoadError::Invalid)?;
         let hash = blake3::hash(bytes).to_hex().to_string();
         let component = self.compile_cached(bytes, &hash)?;
@@ -197,7 +209,6 @@ impl Runtime {
         let pre = StatefulProcessorPre::new(instance_pre).map_err(|e| {
             LoadError::Invalid(format!("it does not implement world {WORLD}: {e:#}"))
         })?;
-        let limits = self.config.limits.clone();
         let info = Arc::new(describe(&pre, &limits)?);
         Ok(Processor {
             pre,
@@ -463,6 +474,12 @@ impl Instance {
         self.poisoned
     }
 
+    /// The largest linear memory the instance has been granted so far, in bytes: its
+    /// memory high-water mark (for per-tenant accounting).
+    pub fn memory_high_water_bytes(&self) -> usize {
+        self.store.data().limits.peak
+    }
+
     /// Lends the instance the partition's transaction for a batch.
     pub fn begin_batch(&mut self, txn: PartitionTxn, times: BatchTimes) {
         self.store.data_mut().begin_batch(txn, times);
@@ -619,6 +636,7 @@ impl Instance {
         }
         let ticks = self.store.data().deadline_ticks();
         self.store.set_epoch_deadline(ticks);
+        self.store.data_mut().start_call_deadline();
         match f(&self.bindings, &mut self.store) {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(guest::ProcessorError::Failed(msg))) => {

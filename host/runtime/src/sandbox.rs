@@ -21,6 +21,12 @@ pub struct Limits {
     pub memory_bytes: usize,
     /// Maximum total size of the rows one call may emit, in bytes.
     pub output_bytes_per_call: usize,
+    /// Hosts the processor may send HTTP requests to through `wasi:http`, each `HOST` (any
+    /// port) or `HOST:PORT` (see [`HttpHost::parse`](crate::HttpHost::parse)). Empty, the
+    /// default, denies every request: the guest gets the error code `HTTP-request-denied`.
+    /// An allowed request is bounded by the call's deadline ([`call_timeout`](Self::call_timeout)).
+    /// Replays are deterministic only as far as the services called are.
+    pub http_hosts: Vec<String>,
 }
 
 impl Default for Limits {
@@ -29,6 +35,7 @@ impl Default for Limits {
             call_timeout: Duration::from_secs(10),
             memory_bytes: 256 << 20,
             output_bytes_per_call: 16 << 20,
+            http_hosts: Vec::new(),
         }
     }
 }

@@ -1,0 +1,272 @@
+//! Outbound HTTP (`wasi:http/outgoing-handler`), the one capability an operator can grant.
+//!
+//! The `wasi:http` imports are always linked, so a processor that imports them loads; every
+//! request it sends goes through [`HttpHooks::send_request`], which checks the request's
+//! host and port against the processor's allow-list ([`Limits::http_hosts`]). A request to a
+//! host that is not on it — with the default, empty list, every request — never leaves the
+//! host: the guest gets the `wasi:http` error code `HTTP-request-denied`, and the call goes
+//! on (it is not a trap).
+//!
+//! Host calls block the calling thread and the epoch deadline cannot interrupt them, so an
+//! allowed request is bounded by the deadline of the call that sent it: its connect,
+//! first-byte and between-bytes timeouts are at most what is left of the call's CPU
+//! deadline, and the response head, the response body and the connection are cut off at the
+//! deadline itself. A service that hangs therefore holds the partition's thread at most
+//! until the call's deadline, after which the call traps as any call past its deadline does.
+//!
+//! Replays are deterministic only as far as the services a processor calls are: a re-run
+//! batch sends its requests again and may get different answers.
+//!
+//! [`Limits::http_hosts`]: crate::Limits::http_hosts
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use http::uri::{Authority, Scheme};
+use http_body::{Body, Frame, SizeHint};
+use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
+
+/// One entry of an outbound-HTTP allow-list: a host name or IP address, optionally with a
+/// port. Without a port it allows every port of the host.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HttpHost {
+    host: String,
+    port: Option<u16>,
+}
+
+impl HttpHost {
+    /// Parses `HOST` or `HOST:PORT` (an IPv6 address in brackets: `[::1]:8080`). Host names
+    /// compare case-insensitively; no scheme, path, user or wildcard is accepted.
+    pub fn parse(text: &str) -> Result<HttpHost, String> {
+        let invalid = |why: &str| format!("invalid HTTP host `{text}`: {why}");
+        let authority: Authority = text
+            .parse()
+            .map_err(|_| invalid("expected HOST or HOST:PORT"))?;
+        if authority.as_str().contains('@') {
+            return Err(invalid("user information is not allowed"));
+        }
+        let host = authority.host();
+        if host.is_empty() {
+            return Err(invalid("the host is empty"));
+        }
+        let port = authority.port_u16();
+        // `host:` and `host:99999` parse as authorities, but name no usable port.
+        if port.is_none() && authority.as_str().len() != host.len() {
+            return Err(invalid("the port must be a number from 0 to 65535"));
+        }
+        Ok(HttpHost {
+            host: host.to_ascii_lowercase(),
+            port,
+        })
+    }
+
+    fn allows(&self, host: &str, port: u16) -> bool {
+        self.host.eq_ignore_ascii_case(host) && self.port.is_none_or(|p| p == port)
+    }
+}
+
+impl fmt::Display for HttpHost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.port {
+            Some(port) => write!(f, "{}:{port}", self.host),
+            None => f.write_str(&self.host),
+        }
+    }
+}
+
+/// The `wasi:http` hooks of one instance: the allow-list, and the deadline of the call in
+/// progress that bounds every request it sends.
+pub(crate) struct HttpHooks {
+    allow: Arc<[HttpHost]>,
+    deadline: Instant,
+}
+
+impl HttpHooks {
+    /// Hooks allowing `hosts` (entries that do not parse allow nothing; the runtime's
+    /// callers validate them with [`HttpHost::parse`] first).
+    pub(crate) fn new(hosts: &[String], call_timeout: Duration) -> HttpHooks {
+        let allow = hosts
+            .iter()
+            .filter_map(|h| match HttpHost::parse(h) {
+                Ok(host) => Some(host),
+                Err(e) => {
+                    tracing::warn!(error = %e, "ignoring an invalid entry of the HTTP allow-list");
+                    None
+                }
+            })
+            .collect();
+        HttpHooks {
+            allow,
+            deadline: Instant::now() + call_timeout,
+        }
+    }
+
+    /// Sets the deadline of the call that starts now.
+    pub(crate) fn start_call(&mut self, call_timeout: Duration) {
+        self.deadline = Instant::now() + call_timeout;
+    }
+
+    fn allows(&self, scheme: Option<&Scheme>, authority: Option<&Authority>) -> bool {
+        let Some(authority) = authority else {
+            return false;
+        };
+        let default_port = if scheme == Some(&Scheme::HTTPS) {
+            443
+        } else {
+            80
+        };
+        let port = authority.port_u16().unwrap_or(default_port);
+        self.allow.iter().any(|h| h.allows(authority.host(), port))
+    }
+}
+
+type ResponseFuture = Box<
+    dyn Future<
+            Output = Result<
+                (
+                    http::Response<WasiBody>,
+                    Box<dyn Future<Output = Result<(), Error>> + Send>,
+                ),
+                Error,
+            >,
+        > + Send,
+>;
+
+impl WasiHttpHooks for HttpHooks {
+    fn send_request(
+        &mut self,
+        request: http::Request<WasiBody>,
+        options: Option<RequestOptions>,
+        fut: Box<dyn Future<Output = Result<(), Error>> + Send>,
+    ) -> ResponseFuture {
+        drop(fut);
+        let uri = request.uri();
+        if !self.allows(uri.scheme(), uri.authority()) {
+            tracing::debug!(%uri, "outbound HTTP request denied: host not on the allow-list");
+            return Box::new(async { Err(Error::HttpRequestDenied) });
+        }
+        let deadline = self.deadline;
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let bound = |asked: Option<Duration>| Some(asked.map_or(remaining, |d| d.min(remaining)));
+        let options = RequestOptions {
+            connect_timeout: bound(options.and_then(|o| o.connect_timeout)),
+            first_byte_timeout: bound(options.and_then(|o| o.first_byte_timeout)),
+            between_bytes_timeout: bound(options.and_then(|o| o.between_bytes_timeout)),
+        };
+        Box::new(async move {
+            let deadline = tokio::time::Instant::from_std(deadline);
+            let sent = tokio::time::timeout_at(
+                deadline,
+                wasmtime_wasi_http::default_send_request(request, Some(options)),
+            )
+            .await;
+            let (response, connection) = match sent {
+                Ok(sent) => sent?,
+                Err(_) => return Err(Error::HttpResponseTimeout),
+            };
+            let response = response.map(|body| {
+                WasiBody::new(DeadlineBody {
+                    inner: Box::pin(body),
+                    deadline: Box::pin(tokio::time::sleep_until(deadline)),
+                })
+            });
+            // The connection (which also drives the request body) ends at the deadline too.
+            let connection = async move {
+                match tokio::time::timeout_at(deadline, connection).await {
+                    Ok(done) => done,
+                    Err(_) => Err(Error::ConnectionReadTimeout),
+                }
+            };
+            Ok((
+                response,
+                Box::new(connection) as Box<dyn Future<Output = Result<(), Error>> + Send>,
+            ))
+        })
+    }
+}
+
+/// A response body that fails once the deadline of the call that sent the request passed.
+struct DeadlineBody<B> {
+    inner: Pin<Box<B>>,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl<B: Body<Error = Error>> Body for DeadlineBody<B> {
+    type Data = B::Data;
+    type Error = Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, Error>>> {
+        if let Poll::Ready(frame) = self.inner.as_mut().poll_frame(cx) {
+            return Poll::Ready(frame);
+        }
+        match self.deadline.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Some(Err(Error::ConnectionReadTimeout))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hooks(hosts: &[&str]) -> HttpHooks {
+        let hosts: Vec<String> = hosts.iter().map(|h| (*h).to_owned()).collect();
+        HttpHooks::new(&hosts, Duration::from_secs(1))
+    }
+
+    fn allows(hooks: &HttpHooks, url: &str) -> bool {
+        let uri: http::Uri = url.parse().unwrap();
+        hooks.allows(uri.scheme(), uri.authority())
+    }
+
+    #[test]
+    fn parses_hosts_and_refuses_anything_else() {
+        assert_eq!(
+            HttpHost::parse("Example.COM").unwrap().to_string(),
+            "example.com"
+        );
+        assert_eq!(
+            HttpHost::parse("127.0.0.1:8080").unwrap().to_string(),
+            "127.0.0.1:8080"
+        );
+        assert_eq!(HttpHost::parse("[::1]:80").unwrap().to_string(), "[::1]:80");
+        for bad in [
+            "", "http://x", "x/y", "user@x", "x:", "x:99999", "x:port", "a b",
+        ] {
+            assert!(HttpHost::parse(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn checks_host_and_port() {
+        let empty = hooks(&[]);
+        assert!(!allows(&empty, "http://127.0.0.1:80/"));
+        let h = hooks(&["127.0.0.1:8080", "api.example.com"]);
+        assert!(allows(&h, "http://127.0.0.1:8080/x"));
+        assert!(!allows(&h, "http://127.0.0.1:8081/x"));
+        assert!(!allows(&h, "http://127.0.0.1/x"));
+        assert!(!allows(&h, "http://localhost:8080/x"));
+        assert!(allows(&h, "https://API.example.com/x"));
+        assert!(allows(&h, "http://api.example.com:9000/x"));
+        assert!(!allows(&h, "http://api.example.com.evil.test/x"));
+        let p = hooks(&["example.com:443"]);
+        assert!(allows(&p, "https://example.com/"));
+        assert!(!allows(&p, "http://example.com/"));
+    }
+}

@@ -1,0 +1,1384 @@
+//! The HTTP API under `/v1`, `/metrics`, and request logging.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use statebox_engine::{EngineError, OutputMode, StateReader, TimeMode};
+use statebox_runtime::catalog::{Catalog, InitOp, VarKind};
+
+use crate::auth::{Admin, Caller, TenantId, token_hash};
+use crate::error::ApiError;
+use crate::pipeline::{PipelineHandle, RunState};
+use crate::registry::{
+    Desired, EventTimeSpec, PipelineRecord, ProcessorRecord, Registry, Tenant, TokenRecord,
+    VariableInfo, now_ms, random_id, write_atomically,
+};
+use crate::{App, Quotas, add, ingest_check, metrics};
+
+type Result<T> = std::result::Result<T, ApiError>;
+type AppState = State<Arc<App>>;
+
+pub(crate) fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/v1/openapi.json", get(openapi))
+        .route("/metrics", get(prometheus))
+        .route("/v1/tenants", post(create_tenant).get(list_tenants))
+        .route("/v1/tenants/{id}", get(get_tenant))
+        .route(
+            "/v1/tenants/{id}/quotas",
+            axum::routing::patch(patch_quotas),
+        )
+        .route("/v1/tenants/{id}/tokens", post(issue_token))
+        .route("/v1/tenant", get(whoami))
+        .route(
+            "/v1/processors",
+            post(upload_processor).get(list_processors),
+        )
+        .route(
+            "/v1/processors/{id}",
+            get(get_processor).delete(delete_processor),
+        )
+        .route("/v1/pipelines", post(create_pipeline).get(list_pipelines))
+        .route(
+            "/v1/pipelines/{id}",
+            get(get_pipeline).delete(delete_pipeline),
+        )
+        .route("/v1/pipelines/{id}/rows", post(ingest))
+        .route("/v1/pipelines/{id}/output", get(read_output))
+        .route("/v1/pipelines/{id}/progress", get(progress))
+        .route("/v1/pipelines/{id}/stop", post(stop_pipeline))
+        .route("/v1/pipelines/{id}/start", post(start_pipeline))
+        .route("/v1/pipelines/{id}/processor", put(upgrade_pipeline))
+        .route("/v1/pipelines/{id}/capabilities", put(grant_capabilities))
+        .route("/v1/pipelines/{id}/state", get(read_state))
+        .route("/v1/pipelines/{id}/state/changes", get(read_changes))
+        .route("/v1/pipelines/{id}/state/metadata", get(read_metadata))
+        .fallback(not_found)
+        .layer(axum::middleware::from_fn(log_request))
+        .with_state(app)
+}
+
+/// Logs every request's method, path, status and latency (never its headers or body).
+async fn log_request(request: Request, next: Next) -> Response {
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let status = response.status().as_u16();
+    let ms = started.elapsed().as_secs_f64() * 1000.0;
+    if path.ends_with("/rows") && status < 400 {
+        tracing::debug!(%method, %path, status, ms, "request");
+    } else {
+        tracing::info!(%method, %path, status, ms, "request");
+    }
+    response
+}
+
+async fn not_found(_caller: Caller) -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
+}
+
+/// Runs blocking work (disk, wasm) off the async workers.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::internal(format!("a server task failed: {e}")))
+}
+
+/// Parses a JSON request body; the error names the field at fault.
+fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        if path == "." {
+            ApiError::bad_request(format!("invalid request body: {}", e.inner()))
+        } else {
+            ApiError::bad_request(format!("invalid request body: `{path}`: {}", e.inner()))
+        }
+    })?;
+    de.end()
+        .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))?;
+    Ok(value)
+}
+
+/// How far past its limit a request body is still read before the 413 is answered.
+const DRAIN_LIMIT: u64 = 64 << 20;
+
+/// Reads a request body of at most `limit` bytes; larger ones answer 413.
+async fn read_body(headers: &HeaderMap, body: Body, limit: u64, what: &str) -> Result<Bytes> {
+    let too_large = || {
+        ApiError::too_large(format!(
+            "the {what} is larger than the tenant's limit of {limit} bytes"
+        ))
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(n) = declared.filter(|&n| n > limit) {
+        // Read (and drop) a moderately oversized body before answering, so a client that
+        // sends the whole body before reading the response sees the 413 instead of a reset
+        // connection; a body far beyond the limit is refused at once.
+        if n <= limit.saturating_add(DRAIN_LIMIT) {
+            let _ = axum::body::to_bytes(body, usize::try_from(n).unwrap_or(usize::MAX)).await;
+        }
+        return Err(too_large());
+    }
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| too_large())
+}
+
+async fn openapi(_caller: Caller) -> impl IntoResponse {
+    axum::Json(crate::openapi::document())
+}
+
+async fn prometheus(State(app): AppState, _admin: Admin) -> impl IntoResponse {
+    let pipelines: Vec<Arc<PipelineHandle>> = app
+        .pipelines
+        .lock()
+        .expect("pipelines lock")
+        .values()
+        .cloned()
+        .collect();
+    let mut pipelines = pipelines;
+    pipelines.sort_by(|a, b| (&a.tenant, &a.id).cmp(&(&b.tenant, &b.id)));
+    let failed: Vec<bool> = pipelines
+        .iter()
+        .map(|p| p.status().state == RunState::Failed)
+        .collect();
+    let samples: Vec<metrics::PipelineSample<'_>> = pipelines
+        .iter()
+        .zip(&failed)
+        .map(|(p, &failed)| metrics::PipelineSample {
+            tenant: &p.tenant,
+            pipeline: &p.id,
+            metrics: &p.metrics,
+            failed,
+        })
+        .collect();
+    let tenants: Vec<String> = app
+        .registry
+        .lock()
+        .expect("registry lock")
+        .data
+        .tenants
+        .keys()
+        .cloned()
+        .collect();
+    let rejected = app.rejected.lock().expect("rejected lock").clone();
+    let usage: Vec<_> = tenants.iter().map(|t| (t, app.usage(t))).collect();
+    let tenant_samples: Vec<metrics::TenantSample<'_>> = usage
+        .iter()
+        .map(|(t, u)| metrics::TenantSample {
+            tenant: t,
+            cpu_ns: u.cpu_ns.load(Ordering::Relaxed),
+            memory_high_water: u.memory_high_water.load(Ordering::Relaxed),
+            rejected_requests: rejected.get(*t).copied().unwrap_or(0),
+        })
+        .collect();
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        metrics::render(&samples, &tenant_samples),
+    )
+}
+
+// ---- Tenants (admin) ----
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateTenant {
+    name: String,
+    #[serde(default)]
+    quotas: Option<Value>,
+}
+
+fn tenant_json(t: &Tenant) -> Value {
+    json!({
+        "id": t.id,
+        "name": t.name,
+        "created_ms": t.created_ms,
+        "quotas": t.quotas,
+        "tokens": t.tokens.iter().map(|k| json!({"id": k.id, "created_ms": k.created_ms})).collect::<Vec<_>>(),
+    })
+}
+
+/// Applies the fields of `patch` (a JSON object) over `base`.
+fn merge_quotas(base: &Quotas, patch: Option<Value>) -> Result<Quotas> {
+    let mut merged = serde_json::to_value(base).expect("quotas serialise");
+    match patch {
+        None => {}
+        Some(Value::Object(fields)) => {
+            merged
+                .as_object_mut()
+                .expect("quotas are an object")
+                .extend(fields);
+        }
+        Some(_) => return Err(ApiError::bad_request("`quotas` must be a JSON object")),
+    }
+    let quotas: Quotas = serde_json::from_value(merged)
+        .map_err(|e| ApiError::bad_request(format!("invalid quotas: {e}")))?;
+    quotas.validate().map_err(ApiError::bad_request)?;
+    Ok(quotas)
+}
+
+fn new_token() -> Result<(String, TokenRecord)> {
+    let token = random_id("sbx_", 32).map_err(|e| ApiError::internal(e.to_string()))?;
+    let record = TokenRecord {
+        id: random_id("tok_", 6).map_err(|e| ApiError::internal(e.to_string()))?,
+        hash: token_hash(&token),
+        created_ms: now_ms(),
+    };
+    Ok((token, record))
+}
+
+fn save(registry: &Registry) -> Result<()> {
+    registry
+        .save()
+        .map_err(|e| ApiError::internal(format!("cannot save the registry: {e}")))
+}
+
+async fn create_tenant(
+    State(app): AppState,
+    _admin: Admin,
+    body: Bytes,
+) -> Result<(StatusCode, axum::Json<Value>)> {
+    let req: CreateTenant = parse_json(&body)?;
+    if req.name.trim().is_empty() {
+        return Err(ApiError::bad_request("`name` must not be empty"));
+    }
+    let quotas = merge_quotas(&app.config.default_quotas, req.quotas)?;
+    let (token, token_record) = new_token()?;
+    let tenant = Tenant {
+        id: random_id("tn_", 8).map_err(|e| ApiError::internal(e.to_string()))?,
+        name: req.name,
+        created_ms: now_ms(),
+        tokens: vec![token_record],
+        quotas,
+    };
+    let mut body = tenant_json(&tenant);
+    body["token"] = json!(token);
+    {
+        let mut registry = app.registry.lock().expect("registry lock");
+        registry
+            .data
+            .tenants
+            .insert(tenant.id.clone(), tenant.clone());
+        save(&registry)?;
+    }
+    app.reload_tokens();
+    tracing::info!(tenant = %tenant.id, "tenant created");
+    Ok((StatusCode::CREATED, axum::Json(body)))
+}
+
+async fn list_tenants(State(app): AppState, _admin: Admin) -> axum::Json<Value> {
+    let registry = app.registry.lock().expect("registry lock");
+    let tenants: Vec<Value> = registry.data.tenants.values().map(tenant_json).collect();
+    axum::Json(json!({ "tenants": tenants }))
+}
+
+async fn get_tenant(
+    State(app): AppState,
+    _admin: Admin,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Value>> {
+    let registry = app.registry.lock().expect("registry lock");
+    let tenant = registry
+        .data
+        .tenants
+        .get(&id)
+        .ok_or_else(|| ApiError::not_found("tenant", &id))?;
+    Ok(axum::Json(tenant_json(tenant)))
+}
+
+async fn patch_quotas(
+    State(app): AppState,
+    _admin: Admin,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<axum::Json<Value>> {
+    let patch: Value = parse_json(&body)?;
+    let mut registry = app.registry.lock().expect("registry lock");
+    let tenant = registry
+        .data
+        .tenants
+        .get_mut(&id)
+        .ok_or_else(|| ApiError::not_found("tenant", &id))?;
+    tenant.quotas = merge_quotas(&tenant.quotas, Some(patch))?;
+    let body = tenant_json(tenant);
+    save(&registry)?;
+    Ok(axum::Json(body))
+}
+
+async fn issue_token(
+    State(app): AppState,
+    _admin: Admin,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, axum::Json<Value>)> {
+    let (token, record) = new_token()?;
+    {
+        let mut registry = app.registry.lock().expect("registry lock");
+        let tenant = registry
+            .data
+            .tenants
+            .get_mut(&id)
+            .ok_or_else(|| ApiError::not_found("tenant", &id))?;
+        tenant.tokens.push(record.clone());
+        save(&registry)?;
+    }
+    app.reload_tokens();
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(json!({"id": record.id, "token": token, "tenant": id})),
+    ))
+}
+
+async fn whoami(State(app): AppState, TenantId(tenant): TenantId) -> Result<axum::Json<Value>> {
+    let (name, quotas, processors, pipelines) = {
+        let registry = app.registry.lock().expect("registry lock");
+        let t = registry
+            .data
+            .tenants
+            .get(&tenant)
+            .ok_or_else(|| ApiError::not_found("tenant", &tenant))?;
+        (
+            t.name.clone(),
+            t.quotas.clone(),
+            registry
+                .data
+                .processors
+                .values()
+                .filter(|p| p.tenant == tenant)
+                .count(),
+            registry
+                .data
+                .pipelines
+                .values()
+                .filter(|p| p.tenant == tenant)
+                .count(),
+        )
+    };
+    let usage = app.usage(&tenant);
+    Ok(axum::Json(json!({
+        "id": tenant,
+        "name": name,
+        "quotas": quotas,
+        "usage": {
+            "processors": processors,
+            "pipelines": pipelines,
+            "state_bytes": app.state_bytes(&tenant),
+            "cpu_seconds": usage.cpu_ns.load(Ordering::Relaxed) as f64 / 1e9,
+            "memory_high_water_bytes": usage.memory_high_water.load(Ordering::Relaxed),
+        },
+    })))
+}
+
+// ---- Processors ----
+
+fn kind_name(kind: VarKind) -> &'static str {
+    match kind {
+        VarKind::Value => "value",
+        VarKind::List => "list",
+        VarKind::Map => "map",
+    }
+}
+
+async fn upload_processor(
+    State(app): AppState,
+    TenantId(tenant): TenantId,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<(StatusCode, axum::Json<Value>)> {
+    let quotas = app.quotas(&tenant);
+    let bytes = read_body(&headers, body, quotas.max_upload_bytes, "processor upload").await?;
+    if bytes.is_empty() {
+        return Err(ApiError::bad_request(
+            "the request body is empty: send the processor's .wasm component as the body",
+        ));
+    }
+    let _creating = app.creating.lock().await;
+    let hash = crate::registry::hex(blake3::hash(&bytes).as_bytes());
+    let id = format!("pr_{}", &hash[..24]);
+    let key = Registry::processor_key(&tenant, &id);
+    {
+        let registry = app.registry.lock().expect("registry lock");
+        if let Some(existing) = registry.data.processors.get(&key) {
+            return Ok((StatusCode::OK, axum::Json(json!(existing))));
+        }
+        let count = registry
+            .data
+            .processors
+            .values()
+            .filter(|p| p.tenant == tenant)
+            .count();
+        if count >= quotas.max_processors as usize {
+            app.count_rejected(&tenant);
+            return Err(ApiError::quota(format!(
+                "the tenant already has {count} processors, its quota (`max_processors`)"
+            )));
+        }
+    }
+    let app2 = app.clone();
+    let tenant2 = tenant.clone();
+    let record = blocking(move || -> Result<ProcessorRecord> {
+        let invalid = |message: String| {
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_processor",
+                message,
+            )
+        };
+        let processor = app2
+            .runtime
+            .load_with_limits(&bytes, quotas.limits())
+            .map_err(|e| invalid(e.to_string()))?;
+        // The state variables, from `init` in describe mode (processing time, so TTL'd
+        // variables are accepted).
+        let described = processor
+            .describe_init(
+                statebox_runtime::TimeMode::ProcessingTime,
+                &Catalog::default(),
+            )
+            .map_err(|e| invalid(format!("its `init` failed: {e}")))?;
+        if let Some(e) = &described.init_error {
+            return Err(invalid(format!("its `init` failed: {e}")));
+        }
+        let state_variables = described
+            .ops
+            .iter()
+            .filter_map(|(op, outcome)| match (op, outcome) {
+                (InitOp::Declare(d), Ok(())) => Some(VariableInfo {
+                    name: d.name.clone(),
+                    kind: kind_name(d.kind).to_owned(),
+                    key_schema: d.key_schema.clone(),
+                    value_schema: d.value_schema.clone(),
+                    ttl_ms: d.ttl_ms,
+                }),
+                _ => None,
+            })
+            .collect();
+        let path = app2.blob_path(&hash);
+        if !path.exists() {
+            write_atomically(&path, &bytes)
+                .map_err(|e| ApiError::internal(format!("cannot store the processor: {e}")))?;
+        }
+        let info = processor.info();
+        Ok(ProcessorRecord {
+            id: id.clone(),
+            tenant: tenant2,
+            hash: hash.clone(),
+            name: info.name.clone(),
+            size_bytes: bytes.len() as u64,
+            uploaded_ms: now_ms(),
+            output_schema: info.output_schema.to_ddl(),
+            input_schema: info.input_schema.as_ref().map(|s| s.to_ddl()),
+            output_event_time_column: info.output_event_time_column.clone(),
+            state_variables,
+        })
+    })
+    .await??;
+    let mut registry = app.registry.lock().expect("registry lock");
+    registry.data.processors.insert(key, record.clone());
+    save(&registry)?;
+    tracing::info!(tenant = %tenant, processor = %record.id, "processor uploaded");
+    Ok((StatusCode::CREATED, axum::Json(json!(record))))
+}
+
+async fn list_processors(State(app): AppState, TenantId(tenant): TenantId) -> axum::Json<Value> {
+    let registry = app.registry.lock().expect("registry lock");
+    let list: Vec<&ProcessorRecord> = registry
+        .data
+        .processors
+        .values()
+        .filter(|p| p.tenant == tenant)
+        .collect();
+    axum::Json(json!({ "processors": list }))
+}
+
+async fn get_processor(
+    State(app): AppState,
+    TenantId(tenant): TenantId,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Value>> {
+    let registry = app.registry.lock().expect("registry lock");
+    let p = registry
+        .data
+        .processors
+        .get(&Registry::processor_key(&tenant, &id))
+        .ok_or_else(|| ApiError::not_found("processor", &id))?;
+    Ok(axum::Json(json!(p)))
+}
+
+async fn delete_processor(
+    State(app): AppState,
+    TenantId(tenant): TenantId,
+    Path(id): Path<String>,
+) -> Result<StatusCode> {
+    let mut registry = app.registry.lock().expect("registry lock");
+    let key = Registry::processor_key(&tenant, &id);
+    let Some(record) = registry.data.processors.get(&key).cloned() else {
+        return Err(ApiError::not_found("processor", &id));
+    };
+    let users: Vec<&str> = registry
+        .data
+        .pipelines
+        .values()
+        .filter(|p| p.tenant == tenant && p.processor == id)
+        .map(|p| p.id.as_str())
+        .collect();
+    if !users.is_empty() {
+        return Err(ApiError::conflict(format!(
+            "processor `{id}` is used by pipeline(s) {}; delete them or upgrade them to another \
+             processor first",
+            users.join(", ")
+        )));
+    }
+    registry.data.processors.remove(&key);
+    save(&registry)?;
+    if !registry
+        .data
+        .processors
+        .values()
+        .any(|p| p.hash == record.hash)
+    {
+        let _ = std::fs::remove_file(app.blob_path(&record.hash));
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+// ---- Pipelines ----
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreatePipeline {
+    processor: String,
+    key: KeyColumns,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    time_mode: Option<TimeMode>,
+    #[serde(default)]
+    output_mode: Option<OutputMode>,
+    #[serde(default)]
+    partitions: Option<u16>,
+    #[serde(default)]
+    event_time: Option<EventTimeSpec>,
+    #[serde(default)]
+    output_event_time_column: Option<String>,
+    #[serde(default)]
+    trigger_interval_ms: Option<u64>,
+    /// Rows of the initial state (JSON objects with the key columns).
+    #[serde(default)]
+    initial_state: Option<Vec<Box<serde_json::value::RawValue>>>,
+}
+
+/// `"k"`, `"a,b"` or `["a", "b"]`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum KeyColumns {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl KeyColumns {
+    fn columns(self) -> Vec<String> {
+        match self {
+            KeyColumns::One(s) => s.split(',').map(|c| c.trim().to_owned()).collect(),
+            KeyColumns::Many(v) => v,
+        }
+    }
+}
+
+fn pipeline_json(record: &PipelineRecord, handle: Option<&PipelineHandle>) -> Value {
+    let mut v = json!(record);
+    if let Some(h) = handle {
+        let status = h.status();
+        v["status"] = json!(status);
+        v["rows_acknowledged"] = json!(h.metrics.rows_ingested.load(Ordering::Relaxed));
+        v["rows_processed"] = json!(h.metrics.input_rows.load(Ordering::Relaxed));
+    }
+    if let Value::Object(o) = &mut v {
+        o.remove("tenant");
+    }
+    v
+}
+
+fn compact_line(raw: &str) -> Result<String> {
+    if raw.contains(['\n', '\r']) {
+        let value: Value = serde_json::from_str(raw)
+            .map_err(|e| ApiError::bad_request(format!("invalid JSON: {e}")))?;
+        Ok(value.to_string())
+    } else {
+        Ok(raw.to_owned())
+    }
+}
+
+async fn create_pipeline(
+    State(app): AppState,
+    TenantId(tenant): TenantId,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<(StatusCode, axum::Json<Value>)> {
+    let quotas = app.quotas(&tenant);
+    let bytes = read_body(
+        &headers,
+        body,
+        quotas.max_ingest_request_bytes,
+        "pipeline definition",
+    )
+    .await?;
+    let req: CreatePipeline = parse_json(&bytes)?;
+    let key = req.key.columns();
+    if key.is_empty() || key.iter().any(|c| c.is_empty()) {
+        return Err(ApiError::bad_request(
+            "`key` must name at least one column, none of them empty",
+        ));
+    }
+    let partitions = req.partitions.unwrap_or(4);
+    if !(1..=1024).contains(&partitions) {
+        return Err(ApiError::bad_request(
+            "`partitions` must be between 1 and 1024",
+        ));
+    }
+    let trigger_interval_ms = req.trigger_interval_ms.unwrap_or(1000);
+    if !(10..=86_400_000).contains(&trigger_interval_ms) {
+        return Err(ApiError::bad_request(
+            "`trigger_interval_ms` must be between 10 and 86400000",
+        ));
+    }
+    let time_mode = req.time_mode.unwrap_or(TimeMode::None);
+    if req.event_time.is_some() != (time_mode == TimeMode::EventTime) {
+        return Err(ApiError::bad_request(
+            "`event_time` ({\"column\", \"watermark_delay_ms\"}) is required with time_mode \
+             `event-time` and not allowed otherwise",
+        ));
+    }
+    let _creating = app.creating.lock().await;
+    let processor = {
+        let registry = app.registry.lock().expect("registry lock");
+        let count = registry
+            .data
+            .pipelines
+            .values()
+            .filter(|p| p.tenant == tenant)
+            .count();
+        if count >= quotas.max_pipelines as usize {
+            drop(registry);
+            app.count_rejected(&tenant);
+            return Err(ApiError::quota(format!(
+                "the tenant already has {count} pipelines, its quota (`max_pipelines`)"
+            )));
+        }
+        registry
+            .data
+            .processors
+            .get(&Registry::processor_key(&tenant, &req.processor))
+            .cloned()
+            .ok_or_else(|| ApiError::not_found("processor", &req.processor))?
+    };
+    let id = random_id("pl_", 8).map_err(|e| ApiError::internal(e.to_string()))?;
+    let record = PipelineRecord {
+        id: id.clone(),
+        tenant: tenant.clone(),
+        name: req.name,
+        processor: processor.id.clone(),
+        key,
+        time_mode,
+        output_mode: req.output_mode.unwrap_or(OutputMode::Update),
+        partitions,
+        event_time: req.event_time,
+        output_event_time_column: req.output_event_time_column,
+        trigger_interval_ms,
+        has_initial_state: req.initial_state.is_some(),
+        desired: Desired::Running,
+        failure: None,
+        created_ms: now_ms(),
+        http_hosts: Vec::new(),
+    };
+    let mut initial = String::new();
+    for (i, row) in req.initial_state.iter().flatten().enumerate() {
+        if !row.get().trim_start().starts_with('{') {
+            return Err(ApiError::bad_request(format!(
+                "initial_state row {i}: a row must be a JSON object"
+            )));
+        }
+        initial.push_str(&compact_line(row.get())?);
+        initial.push('\n');
+    }
+    let app2 = app.clone();
+    let record2 = record.clone();
+    let handle = blocking(
+        move || -> std::result::Result<Arc<PipelineHandle>, String> {
+            let dir = app2.pipeline_dir(&record2.id);
+            let started = (|| -> std::result::Result<Arc<PipelineHandle>, String> {
+                std::fs::create_dir_all(&dir)
+                    .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+                if record2.has_initial_state {
+                    write_atomically(
+                        &PipelineHandle::initial_state_path(&dir),
+                        initial.as_bytes(),
+                    )
+                    .map_err(|e| format!("cannot store the initial state: {e}"))?;
+                }
+                let loaded = app2.load_processor(&record2.tenant, &processor)?;
+                let handle = Arc::new(
+                    PipelineHandle::new(
+                        &record2.id,
+                        &record2.tenant,
+                        &dir,
+                        ingest_check(&record2, &loaded),
+                    )
+                    .map_err(|e| format!("cannot open the input log: {e}"))?,
+                );
+                handle.start(app2.runner_spec(&record2, loaded), app2.me.clone())?;
+                Ok(handle)
+            })();
+            if started.is_err() {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+            started
+        },
+    )
+    .await?
+    .map_err(|e| ApiError::bad_request(format!("cannot start the pipeline: {e}")))?;
+    {
+        let mut registry = app.registry.lock().expect("registry lock");
+        registry.data.pipelines.insert(id.clone(), record.clone());
+        save(&registry)?;
+    }
+    app.pipelines
+        .lock()
+        .expect("pipelines lock")
+        .insert(id.clone(), handle.clone());
+    tracing::info!(tenant = %tenant, pipeline = %id, "pipeline created");
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(pipeline_json(&record, Some(&handle))),
+    ))
+}
+
+fn pipeline_record(app: &App, tenant: &str, id: &str) -> Result<PipelineRecord> {
+    app.registry
+        .lock()
+        .expect("registry lock")
+        .data
+        .pipelines
+        .get(id)
+        .filter(|p| p.tenant == tenant)
+        .cloned()
+        .ok_or_else(|| ApiError::not_found("pipeline", id))
+}
+
+fn handle(app: &App, tenant: &str, id: &str) -> Result<Arc<PipelineHandle>> {
+    app.pipeline(tenant, id)
+        .ok_or_else(|| ApiError::not_found("pipeline", id))
+}
+
+async fn list_pipelines(State(app): AppState, TenantId(tenant): TenantId) -> axum::Json<Value> {
+    let records: Vec<PipelineRecord> = app
+        .registry
+        .lock()
+        .expect("registry lock")
+        .data
+        .pipelines
+        .values()
+        .filter(|p| p.tenant == tenant)
+        .cloned()
+        .collect();
+    let list: Vec<Value> = records
+        .iter()
+        .map(|r| pipeline_json(r, app.pipeline(&tenant, &r.id).as_deref()))
+        .collect();
+    axum::Json(json!({ "pipelines": list }))
+}
+
+async fn get_pipeline(
+    State(app): AppState,
+    TenantId(tenant): TenantId,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Value>> {
+    let record = pipeline_record(&app, &tenant, &id)?;
+    Ok(axum::Json(pipeline_json(
+        &record,
+        app.pipeline(&tenant, &id).as_deref(),
+    )))
+}
+
+async fn delete_pipeline(
+    State(app): AppState,
+    TenantId(tenant): TenantId,
+    Path(id): Path<String>,
+) -> Result<StatusCode> {
+    let _ = pipeline_record(&app, &tenant, &id)?;
+    let handle = app.pipelines.lock().expect("pipelines lock").remove(&id);
+    {
+        let mut registry = app.registry.lock().expect("registry lock");
+        registry.data.pipelines.remove(&id);
+        save(&registry)?;
+    }
+    let dir = app.pipeline_dir(&id);
+    blocking(move || {
+        if let Some(h) = handle {
+            h.stop();
+            drop(h);
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    })
+    .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Splits an ingest body (a JSON array of objects, or JSON Lines) into checked, compact
+/// JSON Lines.
+fn ingest_lines(body: &[u8], check: &crate::pipeline::IngestCheck) -> Result<(Vec<u8>, u64)> {
+    let text = std::str::from_utf8(body)
+        .map_err(|e| ApiError::bad_request(format!("the body is not UTF-8: {e}")))?;
+    let mut out = Vec::with_capacity(body.len() + 16);
+    let mut rows = 0u64;
+    let mut push = |i: usize, line: &str| -> Result<()> {
+        check.check(line).map_err(|e| {
+            ApiError::bad_request(format!("row {i}: {e}; no row of this request was accepted"))
+        })?;
+        out.extend_from_slice(line.as_bytes());
+        out.push(b'\n');
+        rows += 1;
+        Ok(())
+    };
+    if text.trim_start().starts_with('[') {
+        let array: Vec<&serde_json::value::RawValue> = serde_json::from_str(text).map_err(|e| {
+            ApiError::bad_request(format!("the body is not a JSON array of rows: {e}"))
+        })?;
+        for (i, raw) in array.iter().enumerate() {
+            push(i, &compact_line(raw.get())?)?;
+        }
+    } else {
+        for (i, line) in text
+            .split('\n')
+            .map(|l| l.strip_suffix('\r').unwrap_or(l))
+            .filter(|l| !l.trim().is_empty())
+            .enumerate()
+        {
+            push(i, line)?;
+        }
+    }
+    Ok((out, rows))
+}
+
+async fn ingest(
+    State(app): AppState,
+    TenantId(tenant): TenantId,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<axum::Json<Value>> {
+    let handle = handle(&app, &tenant, &id)?;
+    let quotas = app.quotas(&tenant);
+    let body = read_body(&headers, body, quotas.max_ingest_request_bytes, "request").await?;
+    if let Err(reason) = app.check_state_quota(&tenant) {
+        app.count_rejected(&tenant);
+        return Err(ApiError::quota(reason));
+    }
+    let check = handle.ingest.lock().expect("ingest lock").clone();
+    let (lines, rows) = if body.len() > 1 << 20 {
+        blocking(move || ingest_lines(&body, &check)).await??
+    } else {
+        ingest_lines(&body, &check)?
+    };
+    if rows == 0 {
+        return Ok(axum::Json(json!({"accepted": 0})));
+    }
+    if let Err(wait) = app.take_ingest_tokens(&tenant, rows, quotas.ingest_rows_per_s) {
+        app.count_rejected(&tenant);
+        let mut e = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            format!(
+                "the tenant's ingest rate limit of {} rows/s (`ingest_rows_per_s`) is \
+                 exhausted; retry in {wait} s",
+                quotas.ingest_rows_per_s
+            ),
+        );
+        e.retry_after = Some(wait);
+        return Err(e);
+    }
+    handle
+        .log
+        .append(lines)
+        .await
+        .map_err(|e| ApiError::internal(format!("the rows were not stored: {e}")))?;
+    add(&handle.metrics.rows_ingested, rows);
+    add(&handle.metrics.ingest_requests, 1);
+    handle.notify();
+    Ok(axum::Json(json!({ "accepted": rows })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OutputQuery {
+    #[serde(default)]
+    after: u64,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+/// Most rows one output page holds, and the most bytes it reads.
+const MAX_PAGE_ROWS: usize = 10_000;
+const MAX_PAGE_BYTES: u64 = 8 << 20;
+
+async fn read_output(
+    State(app): AppState,
+    TenantId(tenant): TenantId,
+    Path(id): Path<String>,
+    query: std::result::Result<Query<OutputQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response> {
+    let Query(q) = query?;
+    let handle = handle(&app, &tenant, &id)?;
+    let committed = handle.status().committed_output_bytes;
+    let limit = q.limit.unwrap_or(1000).clamp(1, MAX_PAGE_ROWS);
+    if q.after > committed {
+        return Err(ApiError::bad_request(format!(
+            "`after` {} is past the committed output ({committed} bytes); pass 0 or a `next` \
+             offset from an earlier page",
+            q.after
+        )));
+    }
+    let path = PipelineHandle::output_path(&handle.dir);
+    let after = q.after;
+    let page = blocking(move || -> Result<(String, u64, usize)> {
+        use std::io::{Read, Seek, SeekFrom};
+        let io = |e: std::io::Error| ApiError::internal(format!("cannot read the output: {e}"));
+        if after == committed {
+            return Ok(("[]".to_owned(), after, 0));
+        }
+        let mut f = std::fs::File::open(&path).map_err(io)?;
+        if after > 0 {
+            let mut prev = [0u8; 1];
+            f.seek(SeekFrom::Start(after - 1)).map_err(io)?;
+            f.read_exact(&mut prev).map_err(io)?;
+            if prev[0] != b'\n' {
+                return Err(ApiError::bad_request(format!(
+                    "`after` {after} is not at the start of a row; pass 0 or a `next` offset \
+                     from an earlier page"
+                )));
+            }
+        }
+        f.seek(SeekFrom::Start(after)).map_err(io)?;
+        let want = (committed - after).min(MAX_PAGE_BYTES);
+        let mut buf = Vec::with_capacity(want as usize);
+        f.take(want).read_to_end(&mut buf).map_err(io)?;
+        // A row longer than a page is read whole.
+        if !buf.ends_with(b"\n") && buf.len() as u64 == want && after + want < committed {
+            let mut rest = Vec::new();
+            let mut f2 = std::fs::File::open(&path).map_err(io)?;
+            f2.seek(SeekFrom::Start(after + want)).map_err(io)?;
+            f2.take(committed - after - want)
+                .read_to_end(&mut rest)
+                .map_err(io)?;
+            buf.extend_from_slice(&rest);
+        }
+        let mut body = String::from("[");
+        let mut next = after;
+        let mut rows = 0;
+        let mut start = 0;
+        while rows < limit {
+            let Some(end) = buf[start..].iter().position(|&b| b == b'\n') else {
+                break;
+            };
+            let line = std::str::from_utf8(&buf[start..start + end])
+                .map_err(|e| ApiError::internal(format!("the output is not UTF-8: {e}")))?;
+            if rows > 0 {
+                body.push(',');
+            }
+            body.push_str(line);
+            rows += 1;
+            start += end + 1;
+            next = after + start as u64;
+        }
+        body.push(']');
+        Ok((body, next, rows))
+    })
+    .await??;
+    let (rows_json, next, count) = page;
+    let body = format!(
+        "{{\"rows\":{rows_json},\"count\":{count},\"next\":{next},\"committed\":{committed},\"end\":{}}}",
+        next == committed
+    );
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProgressQuery {
+    #[serde(default)]
+    last: Option<usize>,
+}
+
+fn reader(dir: &std::path::Path) -> Result<StateReader> {
+    StateReader::open(&PipelineHandle::checkpoint_dir(dir)).map_err(engine_error)
+}
+
+fn engine_error(e: EngineError) -> ApiError {
+    match e {
+        EngineError::Config(m) => ApiError::bad_request(m),
+        other => ApiError::internal(other.to_string()),
+    }
+}
+
+async fn progress(
+    State(app): AppState,
+    TenantId(tenant): TenantId,
+    Path(id): Path<String>,
+    query: std::result::Result<Query<ProgressQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<axum::Json<Value>> {
+    let Query(q) = query?;
+    let handle = handle(&app, &tenant, &id)?;
+    let last = q.last.unwrap_or(10).min(1000);
+    let records =
+        blocking(move || reader(&handle.dir)?.progress(last).map_err(engine_error)).await??;
+    Ok(axum::Json(json!({ "progress": records })))
+}
+
+async fn stop_pipeline(
+    State(app): AppState,
+    TenantId(tenant): TenantId,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Value>> {
+    let h = handle(&app, &tenant, &id)?;
+    let h2 = h.clone();
+    blocking(move || h2.stop()).await?;
+    let record = {
+        let mut registry = app.registry.lock().expect("registry lock");
+        let record = registry
+            .data
+            .pipelines
+            .get_mut(&id)
+            .ok_or_else(|| ApiError::not_found("pipeline", &id))?;
+        if record.desired == Desired::Running {
+            record.desired = Desired::Stopped;
+        }
+        let record = record.clone();
+        save(&registry)?;
+        record
+    };
+    Ok(axum::Json(pipeline_json(&record, Some(&h))))
+}
+
+/// Starts a pipeline's runner with its current record; blocks.
+fn start_runner(
+    app: &Arc<App>,
+    record: &PipelineRecord,
+    h: &Arc<PipelineHandle>,
+) -> std::result::Result<(), String> {
+    let processor = app.processor_record(&record.tenant, &record.processor)?;
+    let loaded = app.load_for_pipeline(record, &processor)?;
+    *h.ingest.lock().expect("ingest lock") = Arc::new(ingest_check(record, &loaded));
+    h.start(app.runner_spec(record, loaded), app.me.clone())
+}
+
+async fn start_pipeline(
+    State(app): AppState,
+    TenantId(tenant): TenantId,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Value>> {
+    let h = handle(&app, &tenant, &id)?;
+    let mut record = pipeline_record(&app, &tenant, &id)?;
+    let (app2, record2, h2) = (app.clone(), record.clone(), h.clone());
+    blocking(move || start_runner(&app2, &record2, &h2))
+        .await?
+        .map_err(|e| ApiError::conflict(format!("cannot start the pipeline: {e}")))?;
+    {
+        let mut registry = app.registry.lock().expect("registry lock");
+        if let Some(r) = registry.data.pipelines.get_mut(&id) {
+            r.desired = Desired::Running;
+            r.failure = None;
+            record = r.clone();
+        }
+        save(&registry)?;
+    }
+    Ok(axum::Json(pipeline_json(&record, Some(&h))))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Upgrade {
+    processor: String,
+}
+
+async fn upgrade_pipeline(
+    State(app): AppState,
+    TenantId(tenant): TenantId,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<axum::Json<Value>> {
+    let req: Upgrade = parse_json(&body)?;
+    let h = handle(&app, &tenant, &id)?;
+    let record = pipeline_record(&app, &tenant, &id)?;
+    let new = app
+        .processor_record(&tenant, &req.processor)
+        .map_err(|_| ApiError::not_found("processor", &req.processor))?;
+    let (app2, h2) = (app.clone(), h.clone());
+    let mut upgraded = record.clone();
+    upgraded.processor = new.id.clone();
+    let upgraded2 = upgraded.clone();
+    let report = blocking(move || -> Result<String> {
+        let loaded = app2
+            .load_processor(&tenant, &new)
+            .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_processor", e))?;
+        let check =
+            statebox_engine::check_upgrade(&PipelineHandle::checkpoint_dir(&h2.dir), &loaded)
+                .map_err(|e| {
+                    ApiError::new(
+                        StatusCode::CONFLICT,
+                        "incompatible_processor",
+                        format!(
+                            "the new processor cannot be checked against the pipeline's state: {e}"
+                        ),
+                    )
+                })?;
+        let report = check.to_string();
+        if !check.is_compatible() {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "incompatible_processor",
+                format!(
+                    "processor `{}` is incompatible with the pipeline's state; the pipeline \
+                     keeps its current processor",
+                    new.id
+                ),
+            )
+            .with_details(json!({ "report": report })));
+        }
+        let was_running = h2.is_running();
+        h2.stop();
+        if was_running && let Err(e) = start_runner(&app2, &upgraded2, &h2) {
+            // Back to the processor that ran before.
+            let _ = start_runner(&app2, &record, &h2);
+            return Err(ApiError::conflict(format!("the upgrade was refused: {e}"))
+                .with_details(json!({ "report": report })));
+        }
+        if !was_running {
+            *h2.ingest.lock().expect("ingest lock") = Arc::new(ingest_check(&upgraded2, &loaded));
+        }
+        Ok(report)
+    })
+    .await??;
+    {
+        let mut registry = app.registry.lock().expect("registry lock");
+        if let Some(r) = registry.data.pipelines.get_mut(&id) {
+            r.processor = upgraded.processor.clone();
+            upgraded = r.clone();
+        }
+        save(&registry)?;
+    }
+    tracing::info!(pipeline = %id, processor = %upgraded.processor, "pipeline upgraded");
+    let mut body = pipeline_json(&upgraded, Some(&h));
+    body["upgrade_report"] = json!(report);
+    Ok(axum::Json(body))
+}
+
+// ---- Capabilities (admin) ----
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Capabilities {
+    /// The complete allow-list: it replaces the pipeline's previous one.
+    http_hosts: Vec<String>,
+}
+
+/// Sets the hosts a pipeline's processor may send HTTP requests to (wasi:http). Only the
+/// admin may: a tenant cannot grant its own processors network access. A running pipeline
+/// restarts on the new grant (after its current batch); a stopped or failed one gets it when
+/// it starts again.
+async fn grant_capabilities(
+    State(app): AppState,
+    _admin: Admin,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<axum::Json<Value>> {
+    let req: Capabilities = parse_json(&body)?;
+    let mut hosts = Vec::with_capacity(req.http_hosts.len());
+    for (i, host) in req.http_hosts.iter().enumerate() {
+        let host = statebox_runtime::HttpHost::parse(host)
+            .map_err(|e| ApiError::bad_request(format!("`http_hosts[{i}]`: {e}")))?;
+        hosts.push(host.to_string());
+    }
+    hosts.sort();
+    hosts.dedup();
+    let record = app
+        .registry
+        .lock()
+        .expect("registry lock")
+        .data
+        .pipelines
+        .get(&id)
+        .cloned()
+        .ok_or_else(|| ApiError::not_found("pipeline", &id))?;
+    let h = handle(&app, &record.tenant, &id)?;
+    let mut granted = record.clone();
+    granted.http_hosts = hosts;
+    {
+        let mut registry = app.registry.lock().expect("registry lock");
+        if let Some(r) = registry.data.pipelines.get_mut(&id) {
+            r.http_hosts = granted.http_hosts.clone();
+            granted = r.clone();
+        }
+        save(&registry)?;
+    }
+    let (app2, h2, granted2) = (app.clone(), h.clone(), granted.clone());
+    let restarted = blocking(move || -> std::result::Result<bool, String> {
+        if !h2.is_running() {
+            return Ok(false);
+        }
+        h2.stop();
+        start_runner(&app2, &granted2, &h2).map(|()| true)
+    })
+    .await?
+    .map_err(|e| {
+        ApiError::conflict(format!(
+            "the grant is stored, but the pipeline could not restart with it: {e}"
+        ))
+    })?;
+    tracing::info!(pipeline = %id, hosts = ?granted.http_hosts, "pipeline capabilities granted");
+    let mut body = pipeline_json(&granted, Some(&h));
+    body["tenant"] = json!(granted.tenant);
+    body["restarted"] = json!(restarted);
+    Ok(axum::Json(body))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StateQuery {
+    #[serde(default)]
+    var: Option<String>,
+    #[serde(default)]
+    timers: bool,
+    #[serde(default = "yes")]
+    flatten: bool,
+    #[serde(default)]
+    batch_id: Option<u64>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Most rows a state read returns.
+const MAX_STATE_ROWS: usize = 100_000;
+
+/// Collects rows up to `limit`; reports whether more were there.
+fn collect_rows(
+    limit: usize,
+    read: impl FnOnce(
+        &mut dyn FnMut(Value) -> std::result::Result<(), EngineError>,
+    ) -> std::result::Result<(), EngineError>,
+) -> Result<(Vec<Value>, bool)> {
+    let mut rows = Vec::new();
+    let mut truncated = false;
+    let result = read(&mut |row| {
+        if rows.len() >= limit {
+            truncated = true;
+            return Err(EngineError::Io(String::new()));
+        }
+        rows.push(row);
+        Ok(())
+    });
+    match result {
+        Ok(()) => Ok((rows, false)),
+        Err(_) if truncated => Ok((rows, true)),
+        Err(e) => Err(engine_error(e)),
+    }
+}
+
+async fn read_state(
+    State(app): AppState,
+    TenantId(tenant): TenantId,
+    Path(id): Path<String>,
+    query: std::result::Result<Query<StateQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<axum::Json<Value>> {
+    let Query(q) = query?;
+    let h = handle(&app, &tenant, &id)?;
+    let limit = q.limit.unwrap_or(10_000).clamp(1, MAX_STATE_ROWS);
+    let (rows, truncated) = blocking(move || {
+        let reader = reader(&h.dir)?;
+        match (q.var.as_deref(), q.timers) {
+            (Some(_), true) => Err(ApiError::bad_request(
+                "pass either `var` or `timers=true`, not both",
+            )),
+            (None, false) => Err(ApiError::bad_request(format!(
+                "pass `var=NAME` (one of: {}) or `timers=true`",
+                reader
+                    .catalog()
+                    .vars()
+                    .map(|v| v.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))),
+            (None, true) => {
+                if q.batch_id
+                    .is_some_and(|b| reader.latest_batch_id() != Some(b))
+                {
+                    return Err(ApiError::bad_request(
+                        "timers are kept for the latest committed batch only (omit `batch_id`)",
+                    ));
+                }
+                collect_rows(limit, |f| reader.read_timers(f))
+            }
+            (Some(var), false) => {
+                collect_rows(limit, |f| reader.read_state(var, q.flatten, q.batch_id, f))
+            }
+        }
+    })
+    .await??;
+    Ok(axum::Json(json!({ "rows": rows, "truncated": truncated })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChangesQuery {
+    var: String,
+    from: u64,
+    #[serde(default)]
+    to: Option<u64>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+async fn read_changes(
+    State(app): AppState,
+    TenantId(tenant): TenantId,
+    Path(id): Path<String>,
+    query: std::result::Result<Query<ChangesQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<axum::Json<Value>> {
+    let Query(q) = query?;
+    let h = handle(&app, &tenant, &id)?;
+    let limit = q.limit.unwrap_or(10_000).clamp(1, MAX_STATE_ROWS);
+    let (rows, truncated) = blocking(move || {
+        let reader = reader(&h.dir)?;
+        collect_rows(limit, |f| reader.read_changes(&q.var, q.from, q.to, f))
+    })
+    .await??;
+    Ok(axum::Json(json!({ "rows": rows, "truncated": truncated })))
+}
+
+async fn read_metadata(
+    State(app): AppState,
+    TenantId(tenant): TenantId,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Value>> {
+    let h = handle(&app, &tenant, &id)?;
+    let metadata = blocking(move || reader(&h.dir)?.metadata().map_err(engine_error)).await??;
+    Ok(axum::Json(metadata))
+}

@@ -1,0 +1,116 @@
+//! The OpenAPI 3.1 description of the API, served at `/v1/openapi.json`.
+
+use serde_json::{Value, json};
+
+fn op(summary: &str, auth: &str, responses: &[(&str, &str)]) -> Value {
+    let mut r = serde_json::Map::new();
+    for (code, what) in responses {
+        r.insert((*code).to_owned(), json!({"description": what}));
+    }
+    r.insert(
+        "default".into(),
+        json!({"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}),
+    );
+    json!({"summary": summary, "security": [{auth: []}], "responses": r})
+}
+
+fn with_body(mut op: Value, content_type: &str, schema: Value) -> Value {
+    op["requestBody"] = json!({"required": true, "content": {content_type: {"schema": schema}}});
+    op
+}
+
+fn with_params(mut op: Value, params: &[(&str, &str, &str, bool)]) -> Value {
+    op["parameters"] = params
+        .iter()
+        .map(|(name, place, ty, required)| {
+            json!({"name": name, "in": place, "required": required, "schema": {"type": ty}})
+        })
+        .collect();
+    op
+}
+
+const ID: (&str, &str, &str, bool) = ("id", "path", "string", true);
+
+/// The document.
+pub(crate) fn document() -> Value {
+    let tenant = "tenantToken";
+    let admin = "adminToken";
+    json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Statebox",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "Multi-tenant stateful stream processing with sandboxed WebAssembly processors. Every request needs `Authorization: Bearer TOKEN`."
+        },
+        "paths": {
+            "/v1/tenants": {
+                "post": with_body(op("Create a tenant; returns its first API token (shown once)", admin, &[("201", "the tenant and its token")]), "application/json", json!({"$ref": "#/components/schemas/CreateTenant"})),
+                "get": op("List tenants", admin, &[("200", "the tenants")]),
+            },
+            "/v1/tenants/{id}": {"get": with_params(op("Get a tenant", admin, &[("200", "the tenant")]), &[ID])},
+            "/v1/tenants/{id}/quotas": {"patch": with_params(with_body(op("Change some of a tenant's quotas", admin, &[("200", "the tenant")]), "application/json", json!({"$ref": "#/components/schemas/Quotas"})), &[ID])},
+            "/v1/tenants/{id}/tokens": {"post": with_params(op("Issue another API token", admin, &[("201", "the token (shown once)")]), &[ID])},
+            "/v1/tenant": {"get": op("The calling tenant: quotas and usage", tenant, &[("200", "the tenant")])},
+            "/v1/processors": {
+                "post": with_body(op("Upload a processor component (checked, precompiled, stored by content hash)", tenant, &[("201", "the processor: id, output schema, state variables"), ("200", "the same component was uploaded before"), ("413", "larger than max_upload_bytes"), ("422", "not a valid processor component, with the reason")]), "application/wasm", json!({"type": "string", "format": "binary"})),
+                "get": op("List processors", tenant, &[("200", "the processors")]),
+            },
+            "/v1/processors/{id}": {
+                "get": with_params(op("Get a processor", tenant, &[("200", "the processor")]), &[ID]),
+                "delete": with_params(op("Delete a processor (refused while a pipeline uses it)", tenant, &[("204", "deleted"), ("409", "in use")]), &[ID]),
+            },
+            "/v1/pipelines": {
+                "post": with_body(op("Create and start a pipeline", tenant, &[("201", "the pipeline"), ("400", "invalid settings, with the reason"), ("403", "max_pipelines reached")]), "application/json", json!({"$ref": "#/components/schemas/CreatePipeline"})),
+                "get": op("List pipelines with their status", tenant, &[("200", "the pipelines")]),
+            },
+            "/v1/pipelines/{id}": {
+                "get": with_params(op("A pipeline's settings and status (with the last progress record)", tenant, &[("200", "the pipeline")]), &[ID]),
+                "delete": with_params(op("Stop and delete a pipeline with its state and output", tenant, &[("204", "deleted")]), &[ID]),
+            },
+            "/v1/pipelines/{id}/rows": {"post": with_params(with_body(op("Ingest rows; acknowledged once durable in the pipeline's input log, then processed exactly once", tenant, &[("200", "{\"accepted\": N}"), ("400", "a bad row (none accepted)"), ("403", "state quota exceeded"), ("413", "request too large"), ("429", "ingest rate limit; see Retry-After")]), "application/json", json!({"oneOf": [{"type": "array", "items": {"type": "object"}}, {"type": "string", "description": "JSON Lines"}]})), &[ID])},
+            "/v1/pipelines/{id}/output": {"get": with_params(op("Committed output rows from byte offset `after`; pass `next` to read on", tenant, &[("200", "{rows, count, next, committed, end}")]), &[ID, ("after", "query", "integer", false), ("limit", "query", "integer", false)])},
+            "/v1/pipelines/{id}/progress": {"get": with_params(op("The last batches' progress records", tenant, &[("200", "{progress: [...]}")]), &[ID, ("last", "query", "integer", false)])},
+            "/v1/pipelines/{id}/stop": {"post": with_params(op("Stop after the current batch", tenant, &[("200", "the pipeline")]), &[ID])},
+            "/v1/pipelines/{id}/start": {"post": with_params(op("Start (or restart a failed pipeline)", tenant, &[("200", "the pipeline"), ("409", "the engine refused to start it, with the reason")]), &[ID])},
+            "/v1/pipelines/{id}/processor": {"put": with_params(with_body(op("Upgrade to another processor after the compatibility check", tenant, &[("200", "upgraded, with the report"), ("409", "incompatible; the report says why")]), "application/json", json!({"type": "object", "properties": {"processor": {"type": "string"}}, "required": ["processor"]})), &[ID])},
+            "/v1/pipelines/{id}/capabilities": {"put": with_params(with_body(op("Grant a pipeline's processor outbound HTTP (wasi:http) to an allow-list of hosts, replacing the previous list (admin only: tenants cannot grant themselves). Processors get nothing by default: a request to a host not on the list fails in the guest with the wasi:http error `HTTP-request-denied`. An allowed request is bounded by the call's CPU deadline. A running pipeline restarts on the new grant. Replays of a batch are deterministic only as far as the services called are", admin, &[("200", "the pipeline, with `http_hosts` and `restarted`"), ("400", "an invalid host"), ("403", "not the admin token"), ("409", "stored, but the pipeline could not restart")]), "application/json", json!({"$ref": "#/components/schemas/Capabilities"})), &[ID])},
+            "/v1/pipelines/{id}/state": {"get": with_params(op("A state variable's rows (or the timers) at the latest or a retained batch", tenant, &[("200", "{rows, truncated}")]), &[ID, ("var", "query", "string", false), ("timers", "query", "boolean", false), ("flatten", "query", "boolean", false), ("batch_id", "query", "integer", false), ("limit", "query", "integer", false)])},
+            "/v1/pipelines/{id}/state/changes": {"get": with_params(op("A state variable's change feed", tenant, &[("200", "{rows, truncated}")]), &[ID, ("var", "query", "string", true), ("from", "query", "integer", true), ("to", "query", "integer", false), ("limit", "query", "integer", false)])},
+            "/v1/pipelines/{id}/state/metadata": {"get": with_params(op("The checkpoint's metadata: operator, partitions, batches, modes, variables and schema history", tenant, &[("200", "the metadata")]), &[ID])},
+            "/v1/openapi.json": {"get": op("This document", tenant, &[("200", "OpenAPI 3.1")])},
+            "/metrics": {"get": op("Prometheus metrics", admin, &[("200", "text exposition format")])},
+        },
+        "components": {
+            "securitySchemes": {
+                "adminToken": {"type": "http", "scheme": "bearer"},
+                "tenantToken": {"type": "http", "scheme": "bearer"},
+            },
+            "schemas": {
+                "Error": {"type": "object", "properties": {"error": {"type": "object", "properties": {"code": {"type": "string"}, "message": {"type": "string"}}}}},
+                "CreateTenant": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}, "quotas": {"$ref": "#/components/schemas/Quotas"}}},
+                "Quotas": {"type": "object", "properties": {
+                    "max_processors": {"type": "integer"}, "max_pipelines": {"type": "integer"},
+                    "max_upload_bytes": {"type": "integer"}, "max_ingest_request_bytes": {"type": "integer"},
+                    "max_state_bytes": {"type": "integer"}, "call_cpu_ms": {"type": "integer"},
+                    "batch_cpu_ms": {"type": "integer"}, "memory_bytes": {"type": "integer"},
+                    "output_bytes_per_call": {"type": "integer"}, "ingest_rows_per_s": {"type": "integer"}
+                }},
+                "Capabilities": {"type": "object", "required": ["http_hosts"], "properties": {
+                    "http_hosts": {"type": "array", "items": {"type": "string", "description": "`HOST` (any port) or `HOST:PORT`; an IPv6 address in brackets"}, "description": "Hosts the processor may send HTTP requests to; `[]` revokes every grant"}
+                }},
+                "CreatePipeline": {"type": "object", "required": ["processor", "key"], "properties": {
+                    "processor": {"type": "string"},
+                    "key": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+                    "name": {"type": "string"},
+                    "time_mode": {"enum": ["none", "processing-time", "event-time"]},
+                    "output_mode": {"enum": ["append", "update"]},
+                    "partitions": {"type": "integer", "default": 4},
+                    "event_time": {"type": "object", "properties": {"column": {"type": "string"}, "watermark_delay_ms": {"type": "integer"}}},
+                    "output_event_time_column": {"type": "string"},
+                    "trigger_interval_ms": {"type": "integer", "default": 1000},
+                    "initial_state": {"type": "array", "items": {"type": "object"}}
+                }},
+            }
+        }
+    })
+}

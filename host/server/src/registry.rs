@@ -1,0 +1,279 @@
+//! The server's metadata: tenants (with their API token hashes and quotas), processors and
+//! pipelines. Kept in one small JSON file, rewritten atomically (temporary file, fsync,
+//! rename, fsync of the directory) on every change, so a crash leaves either the old or the
+//! new version, never a torn one.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use statebox_engine::{OutputMode, TimeMode};
+
+/// Per-tenant quotas and sandbox limits. Every field has a default, so an admin names only
+/// what differs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Quotas {
+    /// Processors the tenant may have uploaded at once.
+    pub max_processors: u32,
+    /// Pipelines the tenant may have at once.
+    pub max_pipelines: u32,
+    /// Largest processor upload, in bytes (HTTP 413 beyond it).
+    pub max_upload_bytes: u64,
+    /// Largest ingest request body, in bytes (HTTP 413 beyond it).
+    pub max_ingest_request_bytes: u64,
+    /// State bytes on disk over all the tenant's pipelines; a pipeline whose batch takes the
+    /// tenant past it is marked failed, and ingest is refused (HTTP 403).
+    pub max_state_bytes: u64,
+    /// CPU deadline of one processor call, in milliseconds.
+    pub call_cpu_ms: u64,
+    /// CPU budget of one batch's processor calls (all partitions), in milliseconds.
+    pub batch_cpu_ms: u64,
+    /// Linear memory of one processor instance, in bytes.
+    pub memory_bytes: u64,
+    /// Output rows one call may emit, in bytes.
+    pub output_bytes_per_call: u64,
+    /// Sustained ingest rate over all the tenant's pipelines, in rows per second (HTTP 429
+    /// beyond it); bursts of up to one second's worth are allowed.
+    pub ingest_rows_per_s: u64,
+}
+
+impl Default for Quotas {
+    fn default() -> Quotas {
+        Quotas {
+            max_processors: 32,
+            max_pipelines: 16,
+            max_upload_bytes: 64 << 20,
+            max_ingest_request_bytes: 16 << 20,
+            max_state_bytes: 4 << 30,
+            call_cpu_ms: 10_000,
+            batch_cpu_ms: 120_000,
+            memory_bytes: 256 << 20,
+            output_bytes_per_call: 16 << 20,
+            ingest_rows_per_s: 1_000_000,
+        }
+    }
+}
+
+impl Quotas {
+    /// The sandbox limits every call of the tenant's processors runs under.
+    pub fn limits(&self) -> statebox_runtime::Limits {
+        statebox_runtime::Limits {
+            call_timeout: std::time::Duration::from_millis(self.call_cpu_ms),
+            memory_bytes: usize::try_from(self.memory_bytes).unwrap_or(usize::MAX),
+            output_bytes_per_call: usize::try_from(self.output_bytes_per_call)
+                .unwrap_or(usize::MAX),
+            // Granted per pipeline, not per tenant (`PUT /v1/pipelines/{id}/capabilities`).
+            http_hosts: Vec::new(),
+        }
+    }
+
+    /// Refuses settings no pipeline could run under.
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = [
+            ("max_upload_bytes", self.max_upload_bytes),
+            ("max_ingest_request_bytes", self.max_ingest_request_bytes),
+            ("call_cpu_ms", self.call_cpu_ms),
+            ("batch_cpu_ms", self.batch_cpu_ms),
+            ("memory_bytes", self.memory_bytes),
+            ("output_bytes_per_call", self.output_bytes_per_call),
+            ("ingest_rows_per_s", self.ingest_rows_per_s),
+        ];
+        for (name, value) in positive {
+            if value == 0 {
+                return Err(format!("quota `{name}` must be positive"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One API token of a tenant; only its hash is stored.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TokenRecord {
+    /// Public identifier of the token (not the secret).
+    pub id: String,
+    /// BLAKE3 of the token, hex.
+    pub hash: String,
+    /// When it was issued (ms since the epoch).
+    pub created_ms: i64,
+}
+
+/// A tenant.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Tenant {
+    pub id: String,
+    pub name: String,
+    pub created_ms: i64,
+    pub tokens: Vec<TokenRecord>,
+    pub quotas: Quotas,
+}
+
+/// A state variable a processor declares in `init`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct VariableInfo {
+    pub name: String,
+    /// `value`, `list` or `map`.
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_schema: Option<String>,
+    pub value_schema: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+}
+
+/// An uploaded processor, stored by content hash.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ProcessorRecord {
+    pub id: String,
+    pub tenant: String,
+    /// BLAKE3 of the component, hex: the blob's name under `processors/`.
+    pub hash: String,
+    /// The name the processor declares.
+    pub name: String,
+    pub size_bytes: u64,
+    pub uploaded_ms: i64,
+    pub output_schema: String,
+    pub input_schema: Option<String>,
+    pub output_event_time_column: Option<String>,
+    pub state_variables: Vec<VariableInfo>,
+}
+
+/// Event time of a pipeline.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventTimeSpec {
+    /// Input column with epoch milliseconds or an ISO-8601 timestamp.
+    pub column: String,
+    /// The watermark trails the largest event time seen by this much.
+    #[serde(default)]
+    pub watermark_delay_ms: i64,
+}
+
+/// Whether a pipeline should be running.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Desired {
+    Running,
+    Stopped,
+    Failed,
+}
+
+/// A pipeline: a processor over the tenant's input, with its settings.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PipelineRecord {
+    pub id: String,
+    pub tenant: String,
+    pub name: Option<String>,
+    pub processor: String,
+    pub key: Vec<String>,
+    pub time_mode: TimeMode,
+    pub output_mode: OutputMode,
+    pub partitions: u16,
+    pub event_time: Option<EventTimeSpec>,
+    pub output_event_time_column: Option<String>,
+    pub trigger_interval_ms: u64,
+    pub has_initial_state: bool,
+    pub desired: Desired,
+    /// Why the pipeline failed, when it did.
+    pub failure: Option<String>,
+    pub created_ms: i64,
+    /// Hosts (`HOST` or `HOST:PORT`) the pipeline's processor may send HTTP requests to
+    /// (wasi:http). Only the admin grants them (`PUT /v1/pipelines/{id}/capabilities`);
+    /// empty, the default, denies every request.
+    #[serde(default)]
+    pub http_hosts: Vec<String>,
+}
+
+/// Everything the registry file holds.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct RegistryData {
+    #[serde(default)]
+    pub tenants: BTreeMap<String, Tenant>,
+    /// Keyed by `tenant/processor-id`.
+    #[serde(default)]
+    pub processors: BTreeMap<String, ProcessorRecord>,
+    #[serde(default)]
+    pub pipelines: BTreeMap<String, PipelineRecord>,
+}
+
+/// The registry and the file it lives in.
+pub struct Registry {
+    path: PathBuf,
+    pub data: RegistryData,
+}
+
+impl Registry {
+    /// Loads `path`, or starts empty if it does not exist.
+    pub fn open(path: &Path) -> anyhow::Result<Registry> {
+        let data = match std::fs::read(path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
+                anyhow::anyhow!("the registry {} is unreadable: {e}", path.display())
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => RegistryData::default(),
+            Err(e) => anyhow::bail!("cannot read the registry {}: {e}", path.display()),
+        };
+        Ok(Registry {
+            path: path.to_owned(),
+            data,
+        })
+    }
+
+    /// Writes the registry durably and atomically.
+    pub fn save(&self) -> std::io::Result<()> {
+        let bytes = serde_json::to_vec_pretty(&self.data).expect("the registry serialises");
+        write_atomically(&self.path, &bytes)
+    }
+
+    pub fn processor_key(tenant: &str, id: &str) -> String {
+        format!("{tenant}/{id}")
+    }
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename, with fsyncs, so readers
+/// and crashes see either the old or the new content.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp"));
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    sync_dir(dir)
+}
+
+/// Makes a directory's entries (created, renamed or removed files) durable.
+pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// Milliseconds since the epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// `prefix` and `bytes` random bytes in hex.
+pub fn random_id(prefix: &str, bytes: usize) -> std::io::Result<String> {
+    let mut buf = vec![0u8; bytes];
+    getrandom::fill(&mut buf)
+        .map_err(|e| std::io::Error::other(format!("the OS random generator failed: {e}")))?;
+    Ok(format!("{prefix}{}", hex(&buf)))
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        write!(s, "{b:02x}").expect("writing to a string");
+    }
+    s
+}
