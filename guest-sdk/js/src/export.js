@@ -1,0 +1,247 @@
+// The glue between a processor and the component's `processor` export. `build.mjs` generates
+// an entry module that imports the user's processor and exports
+// `processor = exportProcessor(userDefault)`; componentize-js binds that object's camelCase
+// functions to the WIT `statebox:processor/processor@0.1.0` interface.
+//
+// Everything here turns JS conventions into the WIT's: JSON text in and out, `s64` as
+// BigInt, and every exception into a `processor-error` carrying the JS error and its stack
+// (mapped back to the user's source file and line), so a throw fails the batch with a
+// readable reason instead of trapping the instance.
+
+import { describeError } from './errors.js';
+import { ExpiredTimerInfo, Handle, TimerValues, log } from './index.js';
+
+/** Set once the host has called in: imports cannot be called while the build snapshots the module. */
+let live = false;
+
+/**
+ * Routes `console.*` to the host's log (the host keeps no guest stdout). While the build
+ * evaluates the module, messages go to the build's own console.
+ */
+function routeConsole() {
+  const original = globalThis.console;
+  const levels = { trace: 'trace', debug: 'debug', log: 'info', info: 'info', warn: 'warn', error: 'error' };
+  const routed = Object.create(original ?? null);
+  for (const [method, level] of Object.entries(levels)) {
+    routed[method] = (...args) => {
+      if (live) {
+        log[level](...args);
+      } else if (original && typeof original[method] === 'function') {
+        original[method](...args);
+      }
+    };
+  }
+  globalThis.console = routed;
+}
+
+/** What the host needs to know before any data, read from the processor's definition. */
+function readInfo(definition, isClass) {
+  const name = definition.processorName ?? (isClass ? definition.name : undefined);
+  if (typeof name !== 'string' || name === '') {
+    throw new TypeError(
+      'the processor needs a name: set `static processorName = "my-processor"` on the class ' +
+        '(or `processorName` on the object)',
+    );
+  }
+  const outputSchema = definition.outputSchema;
+  if (typeof outputSchema !== 'string' || outputSchema.trim() === '') {
+    throw new TypeError(
+      `processor \`${name}\` must declare its output schema in Spark DDL: ` +
+        '`static outputSchema = "key string, count long"` on the class (or `outputSchema` on the object)',
+    );
+  }
+  for (const field of ['inputSchema', 'outputEventTimeColumn']) {
+    const value = definition[field];
+    if (value !== undefined && value !== null && typeof value !== 'string') {
+      throw new TypeError(`processor \`${name}\`: \`${field}\` must be a string, got ${typeof value}`);
+    }
+  }
+  return {
+    name,
+    outputSchema,
+    inputSchema: definition.inputSchema ?? undefined,
+    outputEventTimeColumn: definition.outputEventTimeColumn ?? undefined,
+  };
+}
+
+function failed(message) {
+  return { tag: 'err', val: { tag: 'failed', val: message } };
+}
+
+function isThenable(value) {
+  return value !== null && (typeof value === 'object' || typeof value === 'function') && typeof value.then === 'function';
+}
+
+/**
+ * Runs `call`, then `finish` on its result (awaiting it first if it is a promise); any throw
+ * or rejection becomes a `failed` processor error with the JS error and its stack (the host
+ * adds the processor, the function and the key).
+ */
+function run(call, finish) {
+  const fail = (err) => failed(describeError(err));
+  try {
+    const value = call();
+    if (isThenable(value)) {
+      return value.then((v) => {
+        try {
+          return finish(v);
+        } catch (err) {
+          return fail(err);
+        }
+      }, fail);
+    }
+    return finish(value);
+  } catch (err) {
+    return fail(err);
+  }
+}
+
+/** The JSON text of every row a handler returned: an array, any iterable, or nothing. */
+function encodeRows(name, returned) {
+  if (returned === undefined || returned === null) return [];
+  if (typeof returned[Symbol.iterator] !== 'function' || typeof returned === 'string') {
+    throw new TypeError(
+      `processor \`${name}\` returned ${typeof returned} from a handler; return an array or ` +
+        'iterable of row objects (or use a generator and `yield` rows)',
+    );
+  }
+  const out = [];
+  for (const row of returned) {
+    if (row === null || typeof row !== 'object' || Array.isArray(row)) {
+      throw new TypeError(
+        `output row ${out.length} is not an object: ${JSON.stringify(row) ?? String(row)}`,
+      );
+    }
+    out.push(JSON.stringify(row));
+  }
+  return out;
+}
+
+/**
+ * Parses a call's input rows, or returns the `bad-input-row` error naming the first row that
+ * is not JSON. One `JSON.parse` of the joined rows is much cheaper than one per row in the
+ * engine's interpreter; rows are only parsed one by one to find a bad one.
+ */
+function parseRows(rows) {
+  if (rows.length === 0) return [];
+  try {
+    const parsed = JSON.parse(`[${rows.join(',')}]`);
+    if (parsed.length === rows.length) return parsed;
+  } catch {
+    // Find the row below.
+  }
+  const parsed = new Array(rows.length);
+  for (let i = 0; i < rows.length; i++) {
+    try {
+      parsed[i] = JSON.parse(rows[i]);
+    } catch (err) {
+      return { tag: 'err', val: { tag: 'bad-input-row', val: { index: i, message: err.message } } };
+    }
+  }
+  return parsed;
+}
+
+function timerValues(tv) {
+  return new TimerValues(Number(tv.currentProcessingTimeMs), Number(tv.currentWatermarkMs));
+}
+
+/**
+ * Adapts a processor (a class, instantiated once per component instance in `init`, or a plain
+ * object) to the WIT `processor` interface. Throws at build time when the definition is not a
+ * processor.
+ */
+export function exportProcessor(definition) {
+  routeConsole();
+  if (definition === undefined || definition === null) {
+    throw new TypeError(
+      'the processor module has no default export: `export default class MyProcessor { ... }`',
+    );
+  }
+  const isClass = typeof definition === 'function';
+  const info = readInfo(definition, isClass);
+  const prototype = isClass ? definition.prototype : definition;
+  for (const method of ['init', 'handleInputRows']) {
+    if (typeof prototype[method] !== 'function') {
+      throw new TypeError(`processor \`${info.name}\` has no \`${method}\` method`);
+    }
+  }
+
+  /** The processor instance, created by `init`. */
+  let instance = null;
+
+  function processorFor(fn) {
+    if (instance === null) throw new Error(`processor \`${info.name}\` was called (${fn}) before init`);
+    return instance;
+  }
+
+  return {
+    describe() {
+      return info;
+    },
+
+    init(timeMode) {
+      live = true;
+      return run(
+        () => {
+          const created = isClass ? new definition() : definition;
+          instance = null;
+          const done = created.init(new Handle(timeMode));
+          return isThenable(done) ? done.then(() => created) : created;
+        },
+        (created) => {
+          instance = created;
+          return { tag: 'ok', val: undefined };
+        },
+      );
+    },
+
+    handleInputRows(key, rows, tv) {
+      const parsed = parseRows(rows);
+      if (!Array.isArray(parsed)) return parsed;
+      return run(
+        () => processorFor('handleInputRows').handleInputRows(JSON.parse(key), parsed, timerValues(tv)),
+        (returned) => ({ tag: 'ok', val: encodeRows(info.name, returned) }),
+      );
+    },
+
+    handleExpiredTimer(key, tv, expired) {
+      return run(
+        () => {
+          const p = processorFor('handleExpiredTimer');
+          if (typeof p.handleExpiredTimer !== 'function') return [];
+          return p.handleExpiredTimer(
+            JSON.parse(key),
+            timerValues(tv),
+            new ExpiredTimerInfo(Number(expired.expiryTimeMs)),
+          );
+        },
+        (returned) => ({ tag: 'ok', val: encodeRows(info.name, returned) }),
+      );
+    },
+
+    handleInitialState(key, initialState, tv) {
+      return run(
+        () => {
+          const p = processorFor('handleInitialState');
+          if (typeof p.handleInitialState !== 'function') {
+            throw new Error(
+              `processor \`${info.name}\` does not accept initial state (it has no handleInitialState method)`,
+            );
+          }
+          return p.handleInitialState(JSON.parse(key), JSON.parse(initialState), timerValues(tv));
+        },
+        () => ({ tag: 'ok', val: undefined }),
+      );
+    },
+
+    close() {
+      const p = instance;
+      instance = null;
+      if (p === null || typeof p.close !== 'function') return { tag: 'ok', val: undefined };
+      return run(
+        () => p.close(),
+        () => ({ tag: 'ok', val: undefined }),
+      );
+    },
+  };
+}

@@ -1,0 +1,21 @@
+"""``pyspark.sql.streaming.stateful_processor`` inside a Statebox component."""
+
+from statebox.processor import (  # noqa: F401
+    ExpiredTimerInfo,
+    ListState,
+    MapState,
+    StatefulProcessor,
+    StatefulProcessorHandle,
+    TimerValues,
+    ValueState,
+)
+
+__all__ = [
+    "ExpiredTimerInfo",
+    "ListState",
+    "MapState",
+    "StatefulProcessor",
+    "StatefulProcessorHandle",
+    "TimerValues",
+    "ValueState",
+]

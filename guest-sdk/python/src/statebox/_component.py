@@ -1,0 +1,513 @@
+"""The glue between the component's ``processor`` export and a user's processor class.
+
+``statebox build-python`` generates the component's entry module, which calls
+:func:`export` while componentize-py pre-initialises the interpreter: the user's file is
+compiled and imported then (so syntax and import errors, and handler methods with the wrong
+signature, fail the build with file and line), and the interpreter is snapshotted with it
+loaded, so an instance starts without importing anything.
+"""
+
+import functools
+import inspect
+import json
+import linecache
+import sys
+import traceback
+import types as _types
+
+from . import _codec
+from ._host import handle_module
+from .aio import AsyncStatefulProcessor, AsyncStatefulProcessorHandle, collect, run_keys
+from .processor import (
+    ExpiredTimerInfo,
+    StatefulProcessor,
+    StatefulProcessorHandle,
+    TimerValues,
+)
+from .row import Row, row_maker
+from .types import StructType, as_type, to_ddl
+
+
+class ProcessorDefinitionError(Exception):
+    """The processor file does not define a usable processor. The message starts with
+    ``file:line:``."""
+
+
+class BadInputRow(Exception):
+    """Input row ``index`` of the call could not be read."""
+
+    def __init__(self, index, message):
+        super().__init__(message)
+        self.index = index
+        self.message = message
+
+
+# The parameters PySpark passes to each method, after ``self``.
+_METHODS = {
+    "init": ("handle",),
+    "handleInputRows": ("key", "rows", "timerValues"),
+    "handleExpiredTimer": ("key", "timerValues", "expiredTimerInfo"),
+    "handleInitialState": ("key", "initialState", "timerValues"),
+    "close": (),
+}
+
+_SNAKE = {
+    "handle_input_rows": "handleInputRows",
+    "handle_expired_timer": "handleExpiredTimer",
+    "handle_initial_state": "handleInitialState",
+    "handleinputrows": "handleInputRows",
+    "handleInput": "handleInputRows",
+    "handleExpiredTimers": "handleExpiredTimer",
+}
+
+
+def _where(obj, display_path):
+    try:
+        line = inspect.getsourcelines(obj)[1]
+    except (OSError, TypeError):
+        code = getattr(obj, "__code__", None)
+        line = code.co_firstlineno if code is not None else 1
+    return f"{display_path}:{line}"
+
+
+def load_module(source_path, display_path, module_name):
+    """Compiles and runs the user's file as module ``module_name``, with ``display_path`` as
+    its file name so tracebacks (at build time and at run time) name the user's file."""
+    with open(source_path, encoding="utf-8") as f:
+        source = f.read()
+    lines = source.splitlines(True)
+    linecache.cache[display_path] = (len(source), None, lines, display_path)
+    code = compile(source, display_path, "exec")
+    module = _types.ModuleType(module_name)
+    module.__file__ = display_path
+    sys.modules[module_name] = module
+    exec(code, module.__dict__)
+    return module
+
+
+def find_processor(module, display_path, class_name=None):
+    """The processor class (or instance) the module defines."""
+    if class_name:
+        found = getattr(module, class_name, None)
+        if found is None:
+            raise ProcessorDefinitionError(
+                f"{display_path}:1: there is no {class_name!r} in the processor file"
+            )
+        return found
+    explicit = getattr(module, "PROCESSOR", None)
+    if explicit is not None:
+        return explicit
+    bases = (StatefulProcessor, AsyncStatefulProcessor)
+    candidates = [
+        obj
+        for obj in vars(module).values()
+        if isinstance(obj, type)
+        and issubclass(obj, bases)
+        and obj not in bases
+        and obj.__module__ == module.__name__
+    ]
+    if not candidates:
+        raise ProcessorDefinitionError(
+            f"{display_path}:1: no processor: define a class that subclasses StatefulProcessor "
+            f"(from pyspark.sql.streaming import StatefulProcessor) or AsyncStatefulProcessor"
+        )
+    if len(candidates) > 1:
+        # Prefer the one no other candidate derives from (a processor built on a base class).
+        leaves = [c for c in candidates if not any(o is not c and issubclass(o, c) for o in candidates)]
+        if len(leaves) != 1:
+            names = ", ".join(c.__name__ for c in candidates)
+            raise ProcessorDefinitionError(
+                f"{display_path}:1: several processor classes ({names}): set "
+                f"PROCESSOR = TheOne in the file or pass --class"
+            )
+        return leaves[0]
+    return candidates[0]
+
+
+def check_processor(cls, display_path):
+    """Checks the handler methods' names and signatures against PySpark's."""
+    is_async = issubclass(cls, AsyncStatefulProcessor)
+    if not is_async and not issubclass(cls, StatefulProcessor):
+        raise ProcessorDefinitionError(
+            f"{_where(cls, display_path)}: {cls.__name__} must subclass StatefulProcessor or "
+            f"AsyncStatefulProcessor"
+        )
+    base = AsyncStatefulProcessor if is_async else StatefulProcessor
+    for wrong, right in _SNAKE.items():
+        fn = getattr(cls, wrong, None)
+        if fn is not None and getattr(cls, right) is getattr(base, right):
+            raise ProcessorDefinitionError(
+                f"{_where(fn, display_path)}: {cls.__name__}.{wrong} is never called: "
+                f"the method is named {right} (PySpark's name)"
+            )
+    for name, params in _METHODS.items():
+        fn = getattr(cls, name)
+        if fn is getattr(base, name):
+            if name in ("init", "handleInputRows"):
+                raise ProcessorDefinitionError(
+                    f"{_where(cls, display_path)}: {cls.__name__} does not implement "
+                    f"{name}(self, {', '.join(params)})"
+                )
+            continue
+        if not callable(fn):
+            raise ProcessorDefinitionError(
+                f"{display_path}:1: {cls.__name__}.{name} is not a method"
+            )
+        where = _where(fn, display_path)
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError):
+            continue
+        try:
+            sig.bind(None, *params)
+        except TypeError:
+            raise ProcessorDefinitionError(
+                f"{where}: {cls.__name__}.{name}{sig} cannot be called as "
+                f"{name}(self{''.join(', ' + p for p in params)})"
+            ) from None
+        coroutine = inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
+        if is_async and not coroutine:
+            raise ProcessorDefinitionError(
+                f"{where}: {cls.__name__}.{name} must be `async def` in an "
+                f"AsyncStatefulProcessor"
+            )
+        if not is_async and coroutine:
+            raise ProcessorDefinitionError(
+                f"{where}: {cls.__name__}.{name} is `async def`: subclass "
+                f"AsyncStatefulProcessor (from statebox.aio) for an asynchronous processor"
+            )
+    return is_async
+
+
+def _setting(module, cls, names):
+    for name in names:
+        value = getattr(module, name, None)
+        if value is not None:
+            return value
+    for name in names:
+        value = getattr(cls, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def _schema_setting(value, what, display_path):
+    if value is None:
+        return None
+    try:
+        ddl = to_ddl(value)
+        return ddl, as_type(ddl)
+    except (TypeError, ValueError) as e:
+        raise ProcessorDefinitionError(f"{display_path}:1: the {what} is invalid: {e}") from None
+
+
+class _Rows:
+    """The input rows of one call: iterable (also with ``async for``) as ``Row``s, each
+    decoded as it is reached."""
+
+    __slots__ = ("_texts",)
+
+    def __init__(self, texts):
+        self._texts = texts
+
+    def __len__(self):
+        return len(self._texts)
+
+    def __iter__(self):
+        texts = self._texts
+        joined = "[" + ",".join(texts) + "]"
+        # Fast path, for rows that are flat objects with the same columns in the same order
+        # (the usual case): one pass of the C decoder over all rows as one JSON array, and
+        # the Rows made by C-level map() calls, with no Python code run per row.
+        if joined.count("{") == len(texts):
+            try:
+                dicts = _scan_plain(joined, 0)[0]
+            except (ValueError, StopIteration):
+                dicts = None
+            if dicts is not None and len(dicts) == len(texts):
+                shapes = set(map(tuple, dicts))
+                if len(shapes) == 1:
+                    make = row_maker(shapes.pop())
+                    return map(make, map(dict.values, dicts))
+        try:
+            rows = _load_rows(texts)
+            if len(rows) != len(texts):
+                raise ValueError("a row is not exactly one JSON value")
+        except ValueError:
+            for index, text in enumerate(texts):
+                try:
+                    _load_row(text)
+                except ValueError as e:
+                    raise BadInputRow(index, f"input row is not valid JSON: {e}") from None
+            raise
+        return iter(rows)
+
+    async def _aiter(self):
+        for row in self:
+            yield row
+
+    def __aiter__(self):
+        return self._aiter()
+
+
+def _to_row(obj, _new=tuple.__new__):
+    row = _new(Row, obj.values())
+    row.__dict__["__fields__"] = list(obj)
+    return row
+
+
+_ROW_DECODER = json.JSONDecoder(object_hook=_to_row)
+_scan_plain = json.JSONDecoder().scan_once
+
+
+def _load_row(text, _decode=_ROW_DECODER.decode):
+    """One JSON text, objects as ``Row``s (strict: the whole text must be one value)."""
+    return _decode(text)
+
+
+def _load_rows(texts, _scan=_ROW_DECODER.scan_once):
+    """All rows of a call in one pass of the C decoder, as a JSON array."""
+    try:
+        return _scan("[" + ",".join(texts) + "]", 0)[0]
+    except StopIteration:
+        raise ValueError("not a JSON array") from None
+
+
+def _key(text):
+    # Most keys are one string column without escapes: slice it out of the JSON text.
+    if text.startswith('["') and text.endswith('"]'):
+        inner = text[2:-2]
+        if '"' not in inner and "\\" not in inner:
+            return (inner,)
+    value = _codec.loads(text)
+    return tuple(value) if isinstance(value, list) else (value,)
+
+
+def _format_error(method, err):
+    frames = traceback.extract_tb(err.__traceback__)
+    # Drop the SDK's own frames at the top: the user's code is what matters.
+    start = 0
+    while start < len(frames) and frames[start].filename.endswith("statebox/_component.py"):
+        start += 1
+    lines = ["Traceback (most recent call last):\n"]
+    lines += traceback.format_list(frames[start:])
+    lines += traceback.format_exception_only(type(err), err)
+    return f"{method} raised {type(err).__name__}: {err}\n{''.join(lines)}".rstrip()
+
+
+def export(
+    source_path,
+    display_path,
+    module_name,
+    class_name=None,
+    name=None,
+    output_schema=None,
+    input_schema=None,
+    output_event_time_column=None,
+):
+    """Loads the user's processor and returns the class implementing the ``processor``
+    export."""
+    from componentize_py_types import Err
+    from wit_world import exports
+    from wit_world.imports import types as wit
+
+    # Import every binding now, while componentize-py pre-initialises: the snapshot holds
+    # the modules imported by then, and an instance imports nothing more.
+    handle_module()
+    from . import log
+
+    log.log_module()
+
+    module = load_module(source_path, display_path, module_name)
+    found = find_processor(module, display_path, class_name)
+    cls = found if isinstance(found, type) else type(found)
+    is_async = check_processor(cls, display_path)
+
+    output = _schema_setting(
+        output_schema
+        or _setting(module, cls, ("OUTPUT_SCHEMA", "outputSchema", "output_schema")),
+        "output schema",
+        display_path,
+    )
+    if output is None:
+        raise ProcessorDefinitionError(
+            f"{display_path}:1: no output schema: set OUTPUT_SCHEMA = \"col type, ...\" (or a "
+            f"StructType) in the file, or pass --output-schema"
+        )
+    output_ddl, output_type = output
+    if not isinstance(output_type, StructType):
+        raise ProcessorDefinitionError(
+            f"{display_path}:1: the output schema {output_ddl!r} must be a list of fields"
+        )
+    inputs = _schema_setting(
+        input_schema or _setting(module, cls, ("INPUT_SCHEMA", "inputSchema", "input_schema")),
+        "input schema",
+        display_path,
+    )
+    event_time_column = output_event_time_column or _setting(
+        module, cls, ("OUTPUT_EVENT_TIME_COLUMN", "outputEventTimeColumn")
+    )
+    info = wit.ProcessorInfo(
+        name=name or _setting(module, cls, ("NAME",)) or module_name,
+        output_schema=output_ddl,
+        input_schema=inputs[0] if inputs else None,
+        output_event_time_column=event_time_column,
+    )
+    encode_row = _codec.row_encoder(output_type)
+    time_modes = {
+        wit.TimeMode.NONE: "none",
+        wit.TimeMode.PROCESSING_TIME: "processing-time",
+        wit.TimeMode.EVENT_TIME: "event-time",
+    }
+
+    slot = {}
+
+    def failed(method, err):
+        if isinstance(err, BadInputRow):
+            return Err(wit.ProcessorError_BadInputRow(wit.BadRow(err.index, err.message)))
+        return Err(wit.ProcessorError_Failed(_format_error(method, err)))
+
+    def processor(method):
+        proc = slot.get("processor")
+        if proc is None:
+            raise Err(
+                wit.ProcessorError_Failed(f"processor `{info.name}` was called before init")
+            )
+        return proc
+
+    def encode_all(rows):
+        if rows is None:
+            return []
+        return [encode_row(r) for r in rows]
+
+    if is_async:
+
+        def call(method, make):
+            # One key per export call today; see statebox.aio.run_keys.
+            result = run_keys({0: [make]})[0]
+            if isinstance(result, BaseException):
+                raise failed(method, result)
+            return result[0]
+
+        class Processor(exports.Processor):
+            def describe(self):
+                return info
+
+            def init(self, time_mode):
+                def make():
+                    proc = found() if isinstance(found, type) else found
+                    handle = StatefulProcessorHandle(handle_module(), time_modes[time_mode])
+                    slot["processor"] = None
+
+                    async def go():
+                        await proc.init(AsyncStatefulProcessorHandle(handle))
+                        slot["processor"] = proc
+
+                    return go()
+
+                try:
+                    call("init", make)
+                except Err:
+                    raise
+                except BaseException as e:  # noqa: BLE001
+                    raise failed("init", e) from None
+
+            def handle_input_rows(self, key, rows, timer_values):
+                proc = processor("handleInputRows")
+                tv = TimerValues(
+                    timer_values.current_processing_time_ms, timer_values.current_watermark_ms
+                )
+
+                async def go():
+                    out = await collect(proc.handleInputRows(_key(key), _Rows(rows), tv))
+                    return [encode_row(r) for r in out]
+
+                return call("handleInputRows", go)
+
+            def handle_expired_timer(self, key, timer_values, expired_timer_info):
+                proc = processor("handleExpiredTimer")
+                tv = TimerValues(
+                    timer_values.current_processing_time_ms, timer_values.current_watermark_ms
+                )
+                info_ = ExpiredTimerInfo(expired_timer_info.expiry_time_ms)
+
+                async def go():
+                    out = await collect(proc.handleExpiredTimer(_key(key), tv, info_))
+                    return [encode_row(r) for r in out]
+
+                return call("handleExpiredTimer", go)
+
+            def handle_initial_state(self, key, initial_state, timer_values):
+                proc = processor("handleInitialState")
+                tv = TimerValues(
+                    timer_values.current_processing_time_ms, timer_values.current_watermark_ms
+                )
+
+                async def go():
+                    await proc.handleInitialState(_key(key), _load_row(initial_state), tv)
+
+                call("handleInitialState", go)
+
+            def close(self):
+                proc = slot.pop("processor", None)
+                if proc is not None:
+
+                    async def go():
+                        await proc.close()
+
+                    call("close", go)
+
+        return Processor
+
+    class Processor(exports.Processor):
+        def describe(self):
+            return info
+
+        def init(self, time_mode):
+            try:
+                proc = found() if isinstance(found, type) else found
+                proc.init(StatefulProcessorHandle(handle_module(), time_modes[time_mode]))
+            except BaseException as e:  # noqa: BLE001
+                raise failed("init", e) from None
+            slot["processor"] = proc
+
+        def handle_input_rows(self, key, rows, timer_values):
+            proc = processor("handleInputRows")
+            try:
+                tv = TimerValues(
+                    timer_values.current_processing_time_ms, timer_values.current_watermark_ms
+                )
+                return encode_all(proc.handleInputRows(_key(key), _Rows(rows), tv))
+            except BaseException as e:  # noqa: BLE001
+                raise failed("handleInputRows", e) from None
+
+        def handle_expired_timer(self, key, timer_values, expired_timer_info):
+            proc = processor("handleExpiredTimer")
+            try:
+                tv = TimerValues(
+                    timer_values.current_processing_time_ms, timer_values.current_watermark_ms
+                )
+                info_ = ExpiredTimerInfo(expired_timer_info.expiry_time_ms)
+                return encode_all(proc.handleExpiredTimer(_key(key), tv, info_))
+            except BaseException as e:  # noqa: BLE001
+                raise failed("handleExpiredTimer", e) from None
+
+        def handle_initial_state(self, key, initial_state, timer_values):
+            proc = processor("handleInitialState")
+            try:
+                tv = TimerValues(
+                    timer_values.current_processing_time_ms, timer_values.current_watermark_ms
+                )
+                proc.handleInitialState(_key(key), _load_row(initial_state), tv)
+            except BaseException as e:  # noqa: BLE001
+                raise failed("handleInitialState", e) from None
+
+        def close(self):
+            proc = slot.pop("processor", None)
+            if proc is not None:
+                try:
+                    proc.close()
+                except BaseException as e:  # noqa: BLE001
+                    raise failed("close", e) from None
+
+    return Processor

@@ -1,0 +1,373 @@
+"""Asynchronous processors: ``async def`` handlers, awaited state and timer operations,
+``async for`` over list, map and timer iterators.
+
+An :class:`AsyncStatefulProcessor` has the same methods as a ``StatefulProcessor`` but as
+coroutines; ``handleInputRows`` and ``handleExpiredTimer`` are async generators
+(``yield Row(...)``) or coroutines returning an iterable of rows. State is the same as the
+synchronous API's (same variables, same stored values), so a processor can move between the
+two on one checkpoint.
+
+Calls run on a small cooperative scheduler of the SDK's own (``asyncio``'s event loop needs
+sockets, which the sandbox does not have): :func:`run_keys` runs a set of per-key call chains
+to completion, each key's calls strictly in order, different keys interleaving whenever one
+suspends (``await statebox.aio.sleep(0)``, ``await asyncio.sleep(0)``, or a future host
+operation that suspends). :func:`gather` runs coroutines concurrently within one call.
+"""
+
+import types as _types
+
+from .processor import ExpiredTimerInfo, StatefulProcessorHandle, TimerValues
+
+__all__ = [
+    "AsyncStatefulProcessor",
+    "AsyncStatefulProcessorHandle",
+    "AsyncValueState",
+    "AsyncListState",
+    "AsyncMapState",
+    "TimerValues",
+    "ExpiredTimerInfo",
+    "gather",
+    "sleep",
+    "run_keys",
+    "run",
+]
+
+
+class AsyncStatefulProcessor:
+    """An asynchronous stateful processor: ``async def init(self, handle)``,
+    ``async def handleInputRows(self, key, rows, timerValues)`` yielding ``Row``s,
+    ``async def handleExpiredTimer(self, key, timerValues, expiredTimerInfo)``,
+    ``async def handleInitialState(self, key, initialState, timerValues)``,
+    ``async def close(self)``."""
+
+    async def init(self, handle):
+        raise NotImplementedError("an AsyncStatefulProcessor must implement async def init(self, handle)")
+
+    async def handleInputRows(self, key, rows, timerValues):
+        raise NotImplementedError(
+            "an AsyncStatefulProcessor must implement "
+            "async def handleInputRows(self, key, rows, timerValues)"
+        )
+
+    async def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
+        return ()
+
+    async def handleInitialState(self, key, initialState, timerValues):
+        return None
+
+    async def close(self):
+        return None
+
+
+class _AsyncPages:
+    """An async iterator over a synchronous one (a paged host iterator)."""
+
+    __slots__ = ("_it",)
+
+    def __init__(self, it):
+        self._it = it
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        try:
+            return next(self._it)
+        except StopIteration:
+            raise StopAsyncIteration from None
+
+    def __iter__(self):
+        return self._it
+
+
+class AsyncValueState:
+    """``ValueState`` with awaitable operations."""
+
+    __slots__ = ("_s",)
+
+    def __init__(self, state):
+        self._s = state
+
+    async def exists(self):
+        return self._s.exists()
+
+    async def get(self):
+        return self._s.get()
+
+    async def update(self, newValue):
+        self._s.update(newValue)
+
+    async def clear(self):
+        self._s.clear()
+
+
+class AsyncListState:
+    """``ListState`` with awaitable operations; ``get()`` is used with ``async for``."""
+
+    __slots__ = ("_s",)
+
+    def __init__(self, state):
+        self._s = state
+
+    async def exists(self):
+        return self._s.exists()
+
+    def get(self):
+        return _AsyncPages(self._s.get())
+
+    async def put(self, newState):
+        self._s.put(newState)
+
+    async def appendValue(self, newState):
+        self._s.appendValue(newState)
+
+    async def appendList(self, newState):
+        self._s.appendList(newState)
+
+    async def clear(self):
+        self._s.clear()
+
+
+class AsyncMapState:
+    """``MapState`` with awaitable operations; ``iterator()``, ``keys()`` and ``values()``
+    are used with ``async for``."""
+
+    __slots__ = ("_s",)
+
+    def __init__(self, state):
+        self._s = state
+
+    async def exists(self):
+        return self._s.exists()
+
+    async def getValue(self, key):
+        return self._s.getValue(key)
+
+    async def containsKey(self, key):
+        return self._s.containsKey(key)
+
+    async def updateValue(self, key, value):
+        self._s.updateValue(key, value)
+
+    async def removeKey(self, key):
+        self._s.removeKey(key)
+
+    def iterator(self):
+        return _AsyncPages(self._s.iterator())
+
+    def keys(self):
+        return _AsyncPages(self._s.keys())
+
+    def values(self):
+        return _AsyncPages(self._s.values())
+
+    async def clear(self):
+        self._s.clear()
+
+
+class AsyncStatefulProcessorHandle:
+    """``StatefulProcessorHandle`` with awaitable operations: ``await
+    handle.getValueState(...)``, ``await handle.registerTimer(ms)``, ``async for t in
+    handle.listTimers()``. The variables it declares are the synchronous handle's, so both
+    APIs read and write the same state."""
+
+    def __init__(self, handle: StatefulProcessorHandle):
+        self._h = handle
+
+    @property
+    def timeMode(self):
+        return self._h.timeMode
+
+    async def getValueState(self, stateName, schema, ttlDurationMs=None):
+        return AsyncValueState(self._h.getValueState(stateName, schema, ttlDurationMs))
+
+    async def getListState(self, stateName, schema, ttlDurationMs=None):
+        return AsyncListState(self._h.getListState(stateName, schema, ttlDurationMs))
+
+    async def getMapState(self, stateName, userKeySchema, valueSchema, ttlDurationMs=None):
+        return AsyncMapState(
+            self._h.getMapState(stateName, userKeySchema, valueSchema, ttlDurationMs)
+        )
+
+    async def deleteIfExists(self, stateName):
+        self._h.deleteIfExists(stateName)
+
+    async def registerTimer(self, expiryTimestampMs):
+        self._h.registerTimer(expiryTimestampMs)
+
+    async def deleteTimer(self, expiryTimestampMs):
+        self._h.deleteTimer(expiryTimestampMs)
+
+    def listTimers(self):
+        return _AsyncPages(self._h.listTimers())
+
+
+# --- the scheduler --------------------------------------------------------------------------
+
+
+class _Suspend:
+    """What a task yields to let other tasks run."""
+
+    __slots__ = ()
+
+
+_SUSPEND = _Suspend()
+
+
+@_types.coroutine
+def _suspend():
+    yield _SUSPEND
+
+
+async def sleep(delay=0):
+    """Lets other tasks (other keys' calls, other coroutines of a :func:`gather`) run. There
+    is no clock in the sandbox: only ``sleep(0)`` is allowed."""
+    if delay:
+        raise ValueError(
+            "statebox.aio.sleep takes no delay: the sandbox has no real clock (use timers)"
+        )
+    await _suspend()
+
+
+class _Task:
+    __slots__ = ("coro", "result", "error", "done", "waiters")
+
+    def __init__(self, coro):
+        self.coro = coro
+        self.result = None
+        self.error = None
+        self.done = False
+        self.waiters = []
+
+
+class _Join:
+    """What :func:`gather` yields: wait for these tasks."""
+
+    __slots__ = ("tasks",)
+
+    def __init__(self, tasks):
+        self.tasks = tasks
+
+
+@_types.coroutine
+def _join(tasks):
+    yield _Join(tasks)
+
+
+async def gather(*aws):
+    """Runs coroutines concurrently on the SDK's scheduler; returns their results in order.
+    The first error is raised once all have finished."""
+    tasks = [_Task(a) for a in aws]
+    await _join(tasks)
+    for t in tasks:
+        if t.error is not None:
+            raise t.error
+    return [t.result for t in tasks]
+
+
+_NOT_AWAITABLE = (
+    "a processor awaited {what}, which the Statebox sandbox cannot wait for: only Statebox "
+    "state and timer operations, coroutines, statebox.aio.gather and sleep(0) can be awaited "
+    "(there is no asyncio event loop, network or clock)"
+)
+
+
+def _run_tasks(tasks):
+    """Steps tasks round-robin until all are done. A task that yields ``None`` (as
+    ``asyncio.sleep(0)`` does) or ``_SUSPEND`` is resumed after the others have had a turn;
+    one that yields a ``_Join`` waits for the joined tasks."""
+    ready = list(tasks)
+    waiting = 0
+    while ready:
+        runnable, ready = ready, []
+        for task in runnable:
+            try:
+                yielded = task.coro.send(None)
+            except StopIteration as stop:
+                task.result = stop.value
+                task.done = True
+            except BaseException as err:  # noqa: BLE001 - reported to whoever awaits it
+                if isinstance(err, RuntimeError) and str(err) == "no running event loop":
+                    # asyncio found no loop: say why there is none.
+                    wrapped = RuntimeError(_NOT_AWAITABLE.format(what="an asyncio operation"))
+                    wrapped.__cause__ = err
+                    err = wrapped
+                task.error = err
+                task.done = True
+            else:
+                if yielded is None or yielded is _SUSPEND:
+                    ready.append(task)
+                elif isinstance(yielded, _Join):
+                    children = yielded.tasks
+                    pending = [c for c in children if not c.done]
+                    if pending:
+                        waiting += 1
+                        counter = [len(pending)]
+                        for child in pending:
+                            child.waiters.append((task, counter))
+                        ready.extend(pending)
+                    else:
+                        ready.append(task)
+                else:
+                    task.coro.close()
+                    task.error = RuntimeError(_NOT_AWAITABLE.format(what=repr(yielded)))
+                    task.done = True
+                continue
+            for parent, counter in task.waiters:
+                counter[0] -= 1
+                if counter[0] == 0:
+                    waiting -= 1
+                    ready.append(parent)
+            task.waiters = []
+    return waiting
+
+
+def run(coro):
+    """Runs one coroutine to completion and returns its result (raises its error)."""
+    task = _Task(coro)
+    _run_tasks([task])
+    if task.error is not None:
+        raise task.error
+    return task.result
+
+
+async def _chain(calls):
+    results = []
+    for call in calls:
+        results.append(await call())
+    return results
+
+
+def run_keys(chains):
+    """Runs per-key call chains: ``chains`` maps each key to a list of zero-argument
+    functions returning coroutines. A key's calls run one after another, in order; different
+    keys' chains run concurrently. Returns ``{key: [result or exception, ...]}``.
+
+    The host's export is one call per key today, so the component calls this with one key;
+    a batched export (many keys per call) would pass them all here."""
+    tasks = {key: _Task(_chain(calls)) for key, calls in chains.items()}
+    _run_tasks(list(tasks.values()))
+    out = {}
+    for key, task in tasks.items():
+        if task.error is not None:
+            out[key] = task.error
+        else:
+            out[key] = task.result
+    return out
+
+
+async def collect(rows):
+    """The rows an async handler produced: an async generator's items, a coroutine's
+    returned iterable (or None)."""
+    if rows is None:
+        return []
+    if hasattr(rows, "__anext__"):
+        return [row async for row in rows]
+    if hasattr(rows, "__await__"):
+        rows = await rows
+        if rows is None:
+            return []
+        if hasattr(rows, "__anext__"):
+            return [row async for row in rows]
+    return list(rows)
+

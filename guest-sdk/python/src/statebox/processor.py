@@ -1,0 +1,470 @@
+"""The processor API, mirroring PySpark's ``pyspark.sql.streaming.stateful_processor``.
+
+A processor subclasses :class:`StatefulProcessor` and declares its state in ``init`` through
+the :class:`StatefulProcessorHandle`. State values are tuples (or ``Row``s) matching the
+variable's schema when the schema is a struct (``StructType`` or a DDL field list such as
+``"count long"``); a schema that is a single type (``"long"``) holds bare values, a Statebox
+extension. Every state and timer operation acts on the grouping key of the call in progress.
+"""
+
+from . import _codec
+from ._host import HostError, host_error
+from .types import as_type, to_ddl
+
+__all__ = [
+    "StatefulProcessor",
+    "StatefulProcessorHandle",
+    "ValueState",
+    "ListState",
+    "MapState",
+    "TimerValues",
+    "ExpiredTimerInfo",
+    "StateError",
+    "TimeMode",
+]
+
+#: How many items a list or map iterator fetches from the host at a time.
+PAGE_SIZE = 256
+
+
+class TimeMode:
+    """The query's time mode, as a string constant."""
+
+    NONE = "none"
+    PROCESSING_TIME = "processing-time"
+    EVENT_TIME = "event-time"
+
+
+class StateError(RuntimeError):
+    """A state or timer operation the host refused: a bad schema, a value that does not match
+    its schema, an empty list, an operation in the wrong phase, timers in time mode none, ...
+
+    ``kind`` names the class of failure (``"schema-mismatch"``, ``"empty-list"``,
+    ``"wrong-phase"``, ...); the message names the variable and what was wrong."""
+
+    def __init__(self, kind, message):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+    def __str__(self):
+        return f"{self.message} ({self.kind})"
+
+
+def _lift(err):
+    kind, message = host_error(err)
+    return StateError(kind, message)
+
+
+class TimerValues:
+    """The times a handler call may consult; identical for every call of one batch and on
+    replay. A time that does not apply in the query's time mode is -1."""
+
+    __slots__ = ("_processing", "_watermark")
+
+    def __init__(self, currentProcessingTimeInMs=-1, currentWatermarkInMs=-1):
+        self._processing = currentProcessingTimeInMs
+        self._watermark = currentWatermarkInMs
+
+    def getCurrentProcessingTimeInMs(self):
+        """The batch timestamp in milliseconds since the epoch (-1 in time mode none)."""
+        return self._processing
+
+    def getCurrentWatermarkInMs(self):
+        """The watermark in milliseconds since the epoch (-1 unless the time mode is
+        event-time)."""
+        return self._watermark
+
+    def __repr__(self):
+        return f"TimerValues(processing={self._processing}, watermark={self._watermark})"
+
+
+class ExpiredTimerInfo:
+    """Which timer fired."""
+
+    __slots__ = ("_expiry",)
+
+    def __init__(self, expiryTimeInMs):
+        self._expiry = expiryTimeInMs
+
+    def getExpiryTimeInMs(self):
+        """The timestamp the timer was registered for, in milliseconds."""
+        return self._expiry
+
+    def __repr__(self):
+        return f"ExpiredTimerInfo(expiry={self._expiry})"
+
+
+class _Codec:
+    """The converters of one schema: Python value <-> JSON text."""
+
+    __slots__ = ("enc", "dec", "ddl", "what", "text")
+
+    def __init__(self, schema, what):
+        data_type = as_type(schema)
+        self.ddl = to_ddl(schema)
+        self.enc = _codec.encoder(data_type)
+        self.dec = _codec.decoder(data_type)
+        self.text = _codec.struct_text(data_type)
+        self.what = what
+
+    def dumps(self, value):
+        text = self.text
+        if text is not None:
+            fast = text(value)
+            if fast is not None:
+                return fast
+        if value is None:
+            raise ValueError(f"{self.what} cannot be None")
+        enc = self.enc
+        return _codec.dumps(enc(value) if enc is not None else value)
+
+    def loads(self, text):
+        value = _codec.loads(text)
+        dec = self.dec
+        return dec(value) if dec is not None else value
+
+
+class _Pages:
+    """A lazy iterator over a host iterator resource, fetched a page at a time."""
+
+    __slots__ = ("_source", "_page", "_convert")
+
+    def __init__(self, source, convert):
+        self._source = source
+        self._page = iter(())
+        self._convert = convert
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        while True:
+            for item in self._page:
+                return self._convert(item)
+            source = self._source
+            if source is None:
+                raise StopIteration
+            try:
+                page = source.next_page(PAGE_SIZE)
+            except HostError as e:
+                self._source = None
+                raise _lift(e) from None
+            if not page:
+                self._source = None
+                raise StopIteration
+            self._page = iter(page)
+
+
+class ValueState:
+    """A single value per grouping key. Mirrors PySpark's ``ValueState``."""
+
+    __slots__ = ("_h", "_c", "name")
+
+    def __init__(self, host, codec, name):
+        self._h = host
+        self._c = codec
+        self.name = name
+
+    def exists(self):
+        """Whether the current key has a value."""
+        try:
+            return self._h.exists()
+        except HostError as e:
+            raise _lift(e) from None
+
+    def get(self):
+        """The current key's value (a tuple for struct schemas), or None."""
+        try:
+            text = self._h.get()
+        except HostError as e:
+            raise _lift(e) from None
+        return None if text is None else self._c.loads(text)
+
+    def update(self, newValue):
+        """Replaces the current key's value, restarting its TTL."""
+        text = self._c.dumps(newValue)
+        try:
+            self._h.update(text)
+        except HostError as e:
+            raise _lift(e) from None
+
+    def clear(self):
+        """Removes the current key's value."""
+        try:
+            self._h.clear()
+        except HostError as e:
+            raise _lift(e) from None
+
+
+class ListState:
+    """An ordered list of values per grouping key. Mirrors PySpark's ``ListState``.
+
+    ``get`` is lazy: the host hands the list over page by page, so a list larger than the
+    processor's memory can be iterated."""
+
+    __slots__ = ("_h", "_c", "name")
+
+    def __init__(self, host, codec, name):
+        self._h = host
+        self._c = codec
+        self.name = name
+
+    def exists(self):
+        """Whether the current key's list has at least one element."""
+        try:
+            return self._h.exists()
+        except HostError as e:
+            raise _lift(e) from None
+
+    def get(self):
+        """Iterates the current key's list in insertion order. Valid only during the call that
+        made it."""
+        try:
+            source = self._h.get()
+        except HostError as e:
+            raise _lift(e) from None
+        return _Pages(source, self._c.loads)
+
+    def put(self, newState):
+        """Replaces the whole list (restamping every element's TTL). An empty list is an
+        error."""
+        dumps = self._c.dumps
+        texts = [dumps(v) for v in newState]
+        try:
+            self._h.put(texts)
+        except HostError as e:
+            raise _lift(e) from None
+
+    def appendValue(self, newState):
+        """Appends one element."""
+        text = self._c.dumps(newState)
+        try:
+            self._h.append_value(text)
+        except HostError as e:
+            raise _lift(e) from None
+
+    def appendList(self, newState):
+        """Appends elements in order. An empty list is an error."""
+        dumps = self._c.dumps
+        texts = [dumps(v) for v in newState]
+        try:
+            self._h.append_list(texts)
+        except HostError as e:
+            raise _lift(e) from None
+
+    def clear(self):
+        """Removes the current key's list."""
+        try:
+            self._h.clear()
+        except HostError as e:
+            raise _lift(e) from None
+
+
+class MapState:
+    """A map from user keys to values per grouping key. Mirrors PySpark's ``MapState``.
+
+    Iteration is lazy and ordered by the host (ascending by the user key's canonical
+    encoding), so it is deterministic."""
+
+    __slots__ = ("_h", "_k", "_v", "name")
+
+    def __init__(self, host, key_codec, value_codec, name):
+        self._h = host
+        self._k = key_codec
+        self._v = value_codec
+        self.name = name
+
+    def exists(self):
+        """Whether the current key's map has at least one entry."""
+        try:
+            return self._h.exists()
+        except HostError as e:
+            raise _lift(e) from None
+
+    def getValue(self, key):
+        """The value stored under ``key``, or None."""
+        k = self._k.dumps(key)
+        try:
+            text = self._h.get_value(k)
+        except HostError as e:
+            raise _lift(e) from None
+        return None if text is None else self._v.loads(text)
+
+    def containsKey(self, key):
+        """Whether ``key`` is present."""
+        k = self._k.dumps(key)
+        try:
+            return self._h.contains_key(k)
+        except HostError as e:
+            raise _lift(e) from None
+
+    def updateValue(self, key, value):
+        """Inserts or replaces the entry for ``key``, restarting that entry's TTL."""
+        k = self._k.dumps(key)
+        v = self._v.dumps(value)
+        try:
+            self._h.update_value(k, v)
+        except HostError as e:
+            raise _lift(e) from None
+
+    def iterator(self):
+        """Iterates ``(key, value)`` pairs lazily, in user-key order."""
+        try:
+            source = self._h.iterator()
+        except HostError as e:
+            raise _lift(e) from None
+        kl, vl = self._k.loads, self._v.loads
+        return _Pages(source, lambda entry: (kl(entry.key), vl(entry.value)))
+
+    def keys(self):
+        """Iterates the user keys lazily, in order."""
+        try:
+            source = self._h.keys()
+        except HostError as e:
+            raise _lift(e) from None
+        return _Pages(source, self._k.loads)
+
+    def values(self):
+        """Iterates the values lazily, in user-key order."""
+        try:
+            source = self._h.values()
+        except HostError as e:
+            raise _lift(e) from None
+        return _Pages(source, self._v.loads)
+
+    def removeKey(self, key):
+        """Removes the entry for ``key``, if any."""
+        k = self._k.dumps(key)
+        try:
+            self._h.remove_key(k)
+        except HostError as e:
+            raise _lift(e) from None
+
+    def clear(self):
+        """Removes every entry of the current key; other keys are untouched."""
+        try:
+            self._h.clear()
+        except HostError as e:
+            raise _lift(e) from None
+
+
+def _ttl(ttlDurationMs):
+    if ttlDurationMs is None:
+        return None
+    if isinstance(ttlDurationMs, bool) or not isinstance(ttlDurationMs, int):
+        raise TypeError(f"ttlDurationMs must be an int of milliseconds, got {ttlDurationMs!r}")
+    if ttlDurationMs <= 0:
+        raise ValueError(f"ttlDurationMs must be positive, got {ttlDurationMs}")
+    return ttlDurationMs
+
+
+class StatefulProcessorHandle:
+    """Declares state variables (in ``init`` only) and manages the current key's timers.
+    Mirrors PySpark's ``StatefulProcessorHandle``. Keep it (``self.handle = handle``) to use
+    the timer methods in handlers."""
+
+    def __init__(self, host, time_mode):
+        self._host = host
+        self._time_mode = time_mode
+
+    @property
+    def timeMode(self):
+        """The query's time mode: ``"none"``, ``"processing-time"`` or ``"event-time"``
+        (a Statebox extension; Spark fixes it in ``transformWithState``)."""
+        return self._time_mode
+
+    def getValueState(self, stateName, schema, ttlDurationMs=None):
+        """Declares (or reopens) a value state variable. ``schema`` is a ``StructType`` or DDL
+        (``"count long"``); with ``ttlDurationMs`` each value expires that long after the batch
+        that wrote it."""
+        codec = _Codec(schema, f"the value of state {stateName!r}")
+        try:
+            h = self._host.get_value_state(stateName, codec.ddl, _ttl(ttlDurationMs))
+        except HostError as e:
+            raise _lift(e) from None
+        return ValueState(h, codec, stateName)
+
+    def getListState(self, stateName, schema, ttlDurationMs=None):
+        """Declares (or reopens) a list state variable; with ``ttlDurationMs`` every element
+        has its own time to live."""
+        codec = _Codec(schema, f"an element of state {stateName!r}")
+        try:
+            h = self._host.get_list_state(stateName, codec.ddl, _ttl(ttlDurationMs))
+        except HostError as e:
+            raise _lift(e) from None
+        return ListState(h, codec, stateName)
+
+    def getMapState(self, stateName, userKeySchema, valueSchema, ttlDurationMs=None):
+        """Declares (or reopens) a map state variable; with ``ttlDurationMs`` every entry has
+        its own time to live."""
+        key_codec = _Codec(userKeySchema, f"a key of state {stateName!r}")
+        value_codec = _Codec(valueSchema, f"a value of state {stateName!r}")
+        try:
+            h = self._host.get_map_state(
+                stateName, key_codec.ddl, value_codec.ddl, _ttl(ttlDurationMs)
+            )
+        except HostError as e:
+            raise _lift(e) from None
+        return MapState(h, key_codec, value_codec, stateName)
+
+    def deleteIfExists(self, stateName):
+        """Drops the named variable's data for all keys, if it exists (``init`` only)."""
+        try:
+            self._host.delete_if_exists(stateName)
+        except HostError as e:
+            raise _lift(e) from None
+
+    def registerTimer(self, expiryTimestampMs):
+        """Registers a timer for the current key; registering an existing one is a no-op."""
+        try:
+            self._host.register_timer(expiryTimestampMs)
+        except HostError as e:
+            raise _lift(e) from None
+
+    def deleteTimer(self, expiryTimestampMs):
+        """Deletes the current key's timer; deleting a missing one is a no-op."""
+        try:
+            self._host.delete_timer(expiryTimestampMs)
+        except HostError as e:
+            raise _lift(e) from None
+
+    def listTimers(self):
+        """Iterates the current key's registered timers, ascending."""
+        try:
+            return iter(self._host.list_timers())
+        except HostError as e:
+            raise _lift(e) from None
+
+
+class StatefulProcessor:
+    """A stateful processor. Mirrors PySpark's ``StatefulProcessor``: implement ``init`` and
+    ``handleInputRows``; ``handleExpiredTimer``, ``handleInitialState`` and ``close`` do
+    nothing unless overridden.
+
+    Within one batch the host calls ``handleInitialState`` (first batch of a new query only),
+    then ``handleInputRows`` once per key with all its rows in arrival order, then
+    ``handleExpiredTimer`` per expired timer in ascending time order.
+    """
+
+    def init(self, handle):
+        """Declares the processor's state variables through ``handle``."""
+        raise NotImplementedError("a StatefulProcessor must implement init(self, handle)")
+
+    def handleInputRows(self, key, rows, timerValues):
+        """Handles all rows of one key in one batch; yields (or returns an iterable of) the
+        ``Row``s to emit. ``key`` is a tuple of the key columns' values; ``rows`` an iterator
+        of ``Row``s."""
+        raise NotImplementedError(
+            "a StatefulProcessor must implement handleInputRows(self, key, rows, timerValues)"
+        )
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
+        """Handles one expired timer of ``key``; yields the ``Row``s to emit."""
+        return iter(())
+
+    def handleInitialState(self, key, initialState, timerValues):
+        """Applies one initial-state row of ``key`` (first batch of a new query only)."""
+
+    def close(self):
+        """Releases resources when the instance is torn down."""
