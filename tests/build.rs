@@ -25,6 +25,7 @@ const GUESTS: &[&str] = &[
     "profile-kind-change",
     "profile-ttl-added",
     "counter-reset",
+    "http-call",
 ];
 
 fn main() {

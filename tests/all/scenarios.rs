@@ -7,8 +7,10 @@
 //! processors replaced by the components `build.rs` already built, so the suite runs no nested
 //! cargo. One test keeps a scenario as written, to cover folder resolution too.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::Mutex;
 
 use serde_json::Value;
 use statebox_tests::{component_cache, statebox_bin};
@@ -46,6 +48,12 @@ fn component(processor: &str) -> String {
         return processor.to_owned();
     }
     let folder = root().join(processor);
+    if let Some(wasm) = crate::js::plugin_component(&folder) {
+        return wasm.display().to_string();
+    }
+    if folder.join("processor.py").is_file() {
+        return python_component(&folder);
+    }
     assert!(
         folder.join("Cargo.toml").is_file(),
         "processor {processor} is neither a .wasm file nor a plugin folder of the workspace"
@@ -61,6 +69,39 @@ fn component(processor: &str) -> String {
         wasm.display()
     );
     wasm.display().to_string()
+}
+
+/// A Python plugin folder (one with a `processor.py`) built by `statebox build-python`,
+/// once per test process. The CLI caches the component by content hash in the shared
+/// component cache, so later runs do not rebuild an unchanged plugin.
+fn python_component(folder: &Path) -> String {
+    static BUILT: Mutex<BTreeMap<PathBuf, String>> = Mutex::new(BTreeMap::new());
+    // Holding the lock while building keeps builds one at a time: each takes seconds of CPU.
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(wasm) = built.get(folder) {
+        return wasm.clone();
+    }
+    let name = folder
+        .file_name()
+        .and_then(|n| n.to_str())
+        .expect("a plugin folder has a name");
+    let output = Command::new(statebox_bin())
+        .arg("build-python")
+        .arg(folder.join("processor.py"))
+        .args(["--name", name])
+        .env("STATEBOX_CACHE_DIR", component_cache())
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn statebox build-python");
+    assert!(
+        output.status.success(),
+        "building {} failed:\n{}",
+        folder.display(),
+        describe(&output)
+    );
+    let wasm = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    built.insert(folder.to_owned(), wasm.clone());
+    wasm
 }
 
 /// The scenario with every processor (the query's and those of restart steps) replaced by

@@ -570,7 +570,7 @@ fn timers_and_progress_counts_follow_each_batch() {
     let t0 = 1_700_000_000_000_i64;
     let mut timers_at = Vec::new();
     let mut records = Vec::new();
-    let mut read_timers = |scratch: &Scratch| -> Vec<(Value, Value)> {
+    let read_timers = |scratch: &Scratch| -> Vec<(Value, Value)> {
         rows(scratch, &["read", "--timers"])
             .into_iter()
             .map(|r| {

@@ -28,6 +28,9 @@ pub(crate) enum BenchCommand {
     Timers(TimeArgs),
     /// TTL: `dedup-ttl`; ids are remembered with a TTL and expire as batch time advances.
     Ttl(TimeArgs),
+    /// `statebox serve` under load: concurrent ingest requests over loopback HTTP across
+    /// several tenants (one `counter` pipeline each); sustained rows/s and ack latency.
+    Serve(ServeArgs),
 }
 
 #[derive(Args)]
@@ -62,6 +65,9 @@ enum Engine {
     Native,
     /// Both, one after the other.
     All,
+    /// The Python counter (`plugins/counter-py`, built with the Python SDK), next to the
+    /// Rust `counter` component.
+    Python,
 }
 
 #[derive(Args)]
@@ -93,6 +99,7 @@ pub(crate) fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Count(args) => count(args),
         BenchCommand::Timers(args) => timed("timers", "heartbeat-monitor", "sensor", args),
         BenchCommand::Ttl(args) => timed("ttl", "dedup-ttl", "id", args),
+        BenchCommand::Serve(args) => serve(args),
     }
 }
 
@@ -192,7 +199,13 @@ fn count(args: CountArgs) -> anyhow::Result<()> {
     let input = dir.join("input");
     generate_count_input(&input, args.events, args.keys, args.batches)?;
     let mut engines = Vec::new();
-    if matches!(args.engine, Engine::Wasm | Engine::All) {
+    if args.engine == Engine::Python {
+        let runtime = args.sandbox.runtime()?;
+        let wasm = crate::plugin::resolve(&workspace_root().join("plugins/counter-py"))?;
+        let processor = runtime.load_file(&wasm)?;
+        engines.push(("python", Arc::new(processor) as Arc<dyn ProcessorFactory>));
+    }
+    if matches!(args.engine, Engine::Wasm | Engine::All | Engine::Python) {
         let wasm = match &args.processor {
             Some(p) => crate::plugin::resolve(p)?,
             None => crate::plugin::resolve(&workspace_root().join("plugins/counter"))?,
@@ -473,4 +486,44 @@ impl PartitionProcessor for NativeCounterInstance {
     fn is_poisoned(&self) -> bool {
         false
     }
+}
+
+#[derive(Args)]
+pub(crate) struct ServeArgs {
+    /// Tenants, each with one pipeline.
+    #[arg(long, default_value_t = 4)]
+    tenants: usize,
+    /// Concurrent clients per tenant.
+    #[arg(long, default_value_t = 4)]
+    clients: usize,
+    /// Requests per client, sent one after the other.
+    #[arg(long, default_value_t = 100)]
+    requests: usize,
+    /// Rows per request.
+    #[arg(long, default_value_t = 100)]
+    rows: usize,
+    /// Distinct keys per pipeline.
+    #[arg(long, default_value_t = 10_000)]
+    keys: u64,
+    /// The counter component (default: build plugins/counter).
+    #[arg(long)]
+    processor: Option<PathBuf>,
+}
+
+/// Runs the server load test and prints its report as one JSON line.
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let processor = match &args.processor {
+        Some(p) => crate::plugin::resolve(p)?,
+        None => crate::plugin::resolve(&workspace_root().join("plugins/counter"))?,
+    };
+    let report = statebox_server::bench::run(statebox_server::bench::BenchOptions {
+        processor,
+        tenants: args.tenants,
+        clients_per_tenant: args.clients,
+        requests_per_client: args.requests,
+        rows_per_request: args.rows,
+        keys: args.keys,
+    })?;
+    println!("{report}");
+    Ok(())
 }

@@ -2,7 +2,11 @@
 
 mod bench;
 mod plugin;
+mod python;
 mod scenario;
+mod serve;
+#[cfg(feature = "sql")]
+mod sql;
 mod state;
 
 use std::path::PathBuf;
@@ -47,6 +51,13 @@ enum Command {
     /// Read a checkpoint's state, metadata or progress (read-only; safe while it runs).
     #[command(subcommand)]
     State(state::StateCommand),
+    /// Query a checkpoint's state with SQL (read-only; safe while it runs).
+    #[cfg(feature = "sql")]
+    Sql(sql::SqlArgs),
+    /// Serve the multi-tenant HTTP API: tenants, processors, pipelines, output and state.
+    Serve(serve::ServeArgs),
+    /// Build a Python processor file (PySpark's `StatefulProcessor` API) into a component.
+    BuildPython(python::BuildPythonArgs),
 }
 
 #[derive(Args)]
@@ -184,6 +195,15 @@ pub(crate) struct SandboxArgs {
     /// Limit on the rows one call may emit, in MiB.
     #[arg(long, default_value_t = 16)]
     output_limit_mb: usize,
+    /// Lets processors send HTTP requests (wasi:http) to HOST or HOST:PORT; repeat for more
+    /// hosts. Without it every request is denied. Replays of a batch are deterministic only
+    /// as far as the services called are.
+    #[arg(long = "allow-http", value_name = "HOST", value_parser = parse_http_host)]
+    allow_http: Vec<String>,
+}
+
+fn parse_http_host(s: &str) -> Result<String, String> {
+    statebox_runtime::HttpHost::parse(s).map(|h| h.to_string())
 }
 
 impl SandboxArgs {
@@ -192,6 +212,7 @@ impl SandboxArgs {
             call_timeout: Duration::from_millis(self.call_timeout_ms),
             memory_bytes: self.memory_limit_mb << 20,
             output_bytes_per_call: self.output_limit_mb << 20,
+            http_hosts: self.allow_http.clone(),
         };
         Runtime::new(RuntimeConfig {
             cache_dir: cache_dir(),
@@ -227,6 +248,10 @@ fn main() -> ExitCode {
         Command::Check(args) => check(args),
         Command::Bench(cmd) => bench::run(cmd),
         Command::State(cmd) => state::run(cmd),
+        #[cfg(feature = "sql")]
+        Command::Sql(args) => sql::run(args),
+        Command::Serve(args) => serve::run(args),
+        Command::BuildPython(args) => python::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -8,6 +8,24 @@ use anyhow::{Context, bail};
 /// Returns the `.wasm` component for a `--processor` argument, building a plugin folder
 /// (a cargo package) for `wasm32-wasip2` first.
 pub(crate) fn resolve(path: &Path) -> anyhow::Result<PathBuf> {
+    // A Python processor, as a `.py` file or a folder with a `processor.py`, is built with
+    // the Python SDK (cached by content hash).
+    if path.extension().is_some_and(|e| e == "py") && path.is_file() {
+        return crate::python::build(path, &crate::python::PythonOptions::default());
+    }
+    if path.join("processor.py").is_file() {
+        let options = crate::python::PythonOptions {
+            name: path
+                .canonicalize()
+                .ok()
+                .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())),
+            ..Default::default()
+        };
+        return crate::python::build(&path.join("processor.py"), &options);
+    }
+    if is_js_processor(path) {
+        return build_js(path);
+    }
     if !path.is_dir() {
         return Ok(path.to_owned());
     }
@@ -51,6 +69,65 @@ pub(crate) fn resolve(path: &Path) -> anyhow::Result<PathBuf> {
             wasm.display()
         );
     }
+    Ok(wasm)
+}
+
+/// Whether `path` is a JavaScript/TypeScript processor: a `.ts`/`.js` file, or a folder that
+/// is not a cargo package and holds a `package.json` or a `processor.ts`/`processor.js`.
+fn is_js_processor(path: &Path) -> bool {
+    const SOURCES: [&str; 4] = ["ts", "mts", "js", "mjs"];
+    if path.is_file() {
+        return path
+            .extension()
+            .is_some_and(|e| SOURCES.iter().any(|s| e == *s));
+    }
+    path.is_dir()
+        && !path.join("Cargo.toml").exists()
+        && (path.join("package.json").is_file()
+            || SOURCES
+                .iter()
+                .any(|ext| path.join(format!("processor.{ext}")).is_file()))
+}
+
+/// Builds a JavaScript/TypeScript processor with the JS SDK's `build.mjs` (esbuild, then
+/// componentize-js), which caches components by content hash, so an unchanged processor is
+/// not rebuilt. `$STATEBOX_JS_SDK` overrides where the SDK is (default: `guest-sdk/js` of
+/// the source tree this binary was built from).
+fn build_js(path: &Path) -> anyhow::Result<PathBuf> {
+    let sdk = std::env::var_os("STATEBOX_JS_SDK")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guest-sdk/js"));
+    let script = sdk.join("build.mjs");
+    if !script.is_file() {
+        bail!(
+            "{} is a JavaScript processor, but the JavaScript SDK is not at {} \
+             (set STATEBOX_JS_SDK to the guest-sdk/js folder)",
+            path.display(),
+            sdk.display()
+        );
+    }
+    let cache = crate::cache_dir()
+        .map(|dir| dir.join("js"))
+        .unwrap_or_else(|| std::env::temp_dir().join("statebox-js-components"));
+    eprintln!("building JavaScript processor {} ...", path.display());
+    let output = Command::new(std::env::var_os("STATEBOX_NODE").unwrap_or_else(|| "node".into()))
+        .arg(&script)
+        .arg(path)
+        .arg("--cache-dir")
+        .arg(&cache)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("cannot run node (Node.js 20+) to build the JavaScript processor")?;
+    if !output.status.success() {
+        bail!("building JavaScript processor {} failed", path.display());
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let wasm = stdout
+        .lines()
+        .last()
+        .map(|line| PathBuf::from(line.trim()))
+        .filter(|wasm| wasm.is_file())
+        .with_context(|| format!("build.mjs printed no component path: {stdout}"))?;
     Ok(wasm)
 }
 
