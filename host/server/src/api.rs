@@ -1326,16 +1326,7 @@ async fn read_state(
                     .collect::<Vec<_>>()
                     .join(", ")
             ))),
-            (None, true) => {
-                if q.batch_id
-                    .is_some_and(|b| reader.latest_batch_id() != Some(b))
-                {
-                    return Err(ApiError::bad_request(
-                        "timers are kept for the latest committed batch only (omit `batch_id`)",
-                    ));
-                }
-                collect_rows(limit, |f| reader.read_timers(f))
-            }
+            (None, true) => collect_rows(limit, |f| reader.read_timers_at(q.batch_id, f)),
             (Some(var), false) => {
                 collect_rows(limit, |f| reader.read_state(var, q.flatten, q.batch_id, f))
             }
