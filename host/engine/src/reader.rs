@@ -490,6 +490,17 @@ impl StateReader {
         failed.map_or(Ok(out.into()), Err)
     }
 
+    /// Variable `name` as it was defined at `at_batch` (its kind and schemas then, which
+    /// [`Self::read_state`] reads through), or as it is now; an error naming the variables
+    /// that exist if it did not exist then.
+    pub fn var_at(&self, name: &str, at_batch: Option<u64>) -> Result<VarDef, EngineError> {
+        let then = match at_batch {
+            Some(batch) => self.catalog_at(batch)?,
+            None => None,
+        };
+        var_in(then.as_ref().unwrap_or(&self.catalog), name).cloned()
+    }
+
     fn var(&self, name: &str) -> Result<&VarDef, EngineError> {
         var_in(&self.catalog, name)
     }

@@ -300,17 +300,10 @@ impl Read {
             } => (var, Some(*flatten), *at_batch),
             Read::Changes { var, .. } => (var, None, None),
         };
-        // The reader found the variable (at `at_batch`): only a variable dropped since is
-        // missing from the latest catalog, whose schemas these columns come from.
-        let def = reader.catalog().get(var).ok_or_else(|| match at_batch {
-            Some(batch) => format!(
-                "state variable `{var}` existed at batch {batch} but was dropped since, and \
-                 its schema with it; `statebox state read --var {var} --batch-id {batch}` \
-                 reads it as JSON"
-            ),
-            None => format!("unknown state variable `{var}`"),
-        })?;
-        let value = value_type(def, at_batch.is_some())?;
+        // The variable as it was at `at_batch`: the schema its values are read through.
+        let def = reader.var_at(var, at_batch).map_err(|e| e.to_string())?;
+        let def = &def;
+        let value = value_type(def)?;
         let mut columns = Vec::with_capacity(6);
         match flatten {
             Some(flatten) => {
@@ -386,29 +379,14 @@ impl Read {
     }
 }
 
-/// The value column type of `var`: its current schema, or with `every_schema` one that
-/// holds a value of any schema in its history.
-///
-/// A read at an earlier batch shows values through the schema the variable had then, which
-/// the checkpoint's latest catalog does not say; but schemas only evolve compatibly (added
-/// and removed fields, widened types), so the latest schema plus the fields removed since,
-/// in the order they were declared, holds them all ([`ColumnType::merge`]).
-fn value_type(var: &VarDef, every_schema: bool) -> Result<ColumnType, String> {
-    let mut history = var.value_schemas.iter().rev();
-    let latest = history
-        .next()
+/// The value column type of `var`: its current schema (for a read at an earlier batch, `var`
+/// as it was then; see [`StateReader::var_at`]).
+fn value_type(var: &VarDef) -> Result<ColumnType, String> {
+    let latest = var
+        .value_schemas
+        .last()
         .ok_or_else(|| format!("state variable `{}` has no value schema", var.name))?;
-    let mut ty = parse_type(var, "value", latest)?;
-    if every_schema {
-        let mut older = history
-            .map(|ddl| parse_type(var, "value", ddl))
-            .collect::<Result<Vec<_>, _>>()?;
-        older.reverse();
-        for old in &older {
-            ty = ty.merge(old);
-        }
-    }
-    Ok(ty)
+    parse_type(var, "value", latest)
 }
 
 /// The map user key schema of `var` as a column type.

@@ -31,10 +31,9 @@
 //! Statebox's DDL tells `"long"` from `"value long"`, so a processor that wants Spark's
 //! shape declares the latter. The key columns' types are not recorded in a checkpoint, so
 //! they are inferred from the stored keys ([`types::KeyTypeGuess`]), which costs one extra
-//! pass over the rows a call reads. A read at an earlier batch (`batchId`) shows values
-//! through the schema the variable had then; its `value` column holds the fields of every
-//! schema in the variable's history ([`types::ColumnType::merge`]), null where that
-//! schema had no such field.
+//! pass over the rows a call reads. A read at an earlier batch (`batchId`) shows the
+//! variable as it was then: its columns come from the schema it had at that batch
+//! ([`statebox_engine::StateReader::var_at`]), which the values are read through.
 //!
 //! # How named arguments reach the table functions
 //!

@@ -109,32 +109,6 @@ impl ColumnType {
     }
 }
 
-impl ColumnType {
-    /// A type that holds the values of both `self` and `older`, an earlier schema of the
-    /// same variable: struct fields of `older` that `self` lacks are appended (recursively,
-    /// in their order), and numbers take the wider type. Where the two cannot both be held
-    /// (schema evolution never allows that), `self` wins.
-    pub fn merge(self, older: &ColumnType) -> ColumnType {
-        use ColumnType::*;
-        match (self, older) {
-            (Struct(mut fields), Struct(old_fields)) => {
-                for (name, old) in old_fields {
-                    match fields.iter_mut().find(|(n, _)| n == name) {
-                        Some((_, ty)) => *ty = std::mem::replace(ty, Json).merge(old),
-                        None => fields.push((name.clone(), old.clone())),
-                    }
-                }
-                Struct(fields)
-            }
-            (List(element), List(old)) => List(Box::new(element.merge(old))),
-            (Map(key, value), Map(_, old)) => Map(key, Box::new(value.merge(old))),
-            (Int, Long) => Long,
-            (Int | Long | Float, Double) => Double,
-            (newer, _) => newer,
-        }
-    }
-}
-
 /// The Arrow fields of a struct column, all nullable.
 pub(crate) fn struct_fields(fields: &[(String, ColumnType)]) -> Fields {
     fields
@@ -303,35 +277,6 @@ mod tests {
                 true
             )]))
         );
-    }
-
-    #[test]
-    fn merged_history_types_hold_every_schemas_values() {
-        let merged = |newer: &str, older: &str| {
-            let newer = ColumnType::from_spark(Schema::parse_ddl(newer).unwrap().root());
-            newer.merge(&ColumnType::from_spark(
-                Schema::parse_ddl(older).unwrap().root(),
-            ))
-        };
-        let spark = |ddl: &str| ColumnType::from_spark(Schema::parse_ddl(ddl).unwrap().root());
-        assert_eq!(
-            merged(
-                "display_name string, visits long, address struct<city: string>",
-                "name string, visits int, address struct<city: string, zip: int>"
-            ),
-            spark(
-                "display_name string, visits long, \
-                 address struct<city: string, zip: int>, name string"
-            )
-        );
-        assert_eq!(merged("long", "int"), ColumnType::Long);
-        assert_eq!(merged("double", "int"), ColumnType::Double);
-        assert_eq!(merged("array<long>", "array<int>"), spark("array<long>"));
-        assert_eq!(
-            merged("map<string, struct<a: int>>", "map<string, struct<b: int>>"),
-            spark("map<string, struct<a: int, b: int>>")
-        );
-        assert_eq!(merged("string", "long"), ColumnType::String);
     }
 
     #[test]
