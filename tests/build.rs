@@ -5,7 +5,7 @@
 //! The guests get their own target directory: a build script must not wait on the cargo
 //! lock of the build that is running it.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 /// Every guest: (cargo package, component file stem).
@@ -29,10 +29,9 @@ const GUESTS: &[&str] = &[
 ];
 
 fn main() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_owned();
+    let manifest_dir =
+        PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
+    let root = manifest_dir.parent().expect("workspace root").to_owned();
     for dir in ["wit", "guest-sdk/rust", "plugins", "tests/guests"] {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());
     }

@@ -232,6 +232,55 @@ fn clock_and_randomness_are_virtual_and_deterministic() {
     assert_eq!(runs[0], runs[1], "same batch and key, same random numbers");
 }
 
+/// The SDK's processors take many keys per call; each key draws the same random numbers as
+/// when it is called alone, however the keys of a call are interleaved.
+#[test]
+fn randomness_per_key_is_the_same_batched_or_key_by_key() {
+    let rows: Vec<Value> = ["a", "b", "c", "d"]
+        .iter()
+        .flat_map(|k| [act(k, "random-host"), act(k, "random-host")])
+        .collect();
+    let draws = |per_key_calls: bool| {
+        let runtime = statebox_runtime::Runtime::new(statebox_runtime::RuntimeConfig {
+            cache_dir: Some(statebox_tests::component_cache()),
+            limits: Limits::default(),
+            per_key_calls,
+        })
+        .expect("create a runtime");
+        let mut q = EngineQuery::open_on(Arc::new(runtime), guests::MISBEHAVE, "k", 1);
+        assert_eq!(q.processor().is_batched(), !per_key_calls);
+        let (_, out) = q.try_batch(&rows).expect("batch runs");
+        sorted(out)
+            .into_iter()
+            .map(|r| (r["k"].clone(), r["count"].clone()))
+            .collect::<Vec<_>>()
+    };
+    let batched = draws(false);
+    assert_eq!(batched.len(), 8);
+    assert_ne!(batched[0].1, batched[1].1, "a key's stream advances");
+    assert_eq!(batched, draws(true));
+}
+
+/// In a batched call a guest names a key only by its index among the call's entries; an
+/// index past them is refused and the selected key stays the same.
+#[test]
+fn a_guest_cannot_select_a_key_outside_its_batched_call() {
+    let out = run_actions(
+        &[act("k1", "ok"), act("k1", "ok"), act("k2", "use-key")],
+        &[],
+    );
+    let k2 = &out[2];
+    assert_eq!(k2["action"], "use-key", "{out:?}");
+    let detail = k2["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("InvalidUse") && detail.contains("use-key(4294967295)"),
+        "{detail}"
+    );
+    // Still on k2, whose count is 0 (k1's is 2).
+    assert!(detail.contains("ok 0"), "{detail}");
+    assert_eq!(k2["count"], 1, "{k2}");
+}
+
 /// A batch that dies half way is re-run from its plan with the same timestamp, so the guest's
 /// clock reads the same, and its randomness is that of a run never interrupted (SPEC §6).
 #[test]

@@ -140,13 +140,21 @@ fn statebox_test(scenario: &Path) -> Command {
 
 /// Writes the scenario into `dir` and runs `statebox test` on it.
 fn run_scenario(dir: &Path, name: &str, scenario: &Value) -> Output {
+    run_scenario_with(dir, name, scenario, &[])
+}
+
+/// [`run_scenario`] with extra `statebox test` arguments.
+fn run_scenario_with(dir: &Path, name: &str, scenario: &Value, args: &[&str]) -> Output {
     let file = dir.join(name);
     std::fs::write(
         &file,
         serde_json::to_string_pretty(scenario).expect("serialises"),
     )
     .expect("write the scenario");
-    statebox_test(&file).output().expect("spawn statebox")
+    statebox_test(&file)
+        .args(args)
+        .output()
+        .expect("spawn statebox")
 }
 
 fn describe(output: &Output) -> String {
@@ -160,6 +168,17 @@ fn describe(output: &Output) -> String {
 
 #[test]
 fn every_scenario_passes() {
+    every_scenario_passes_with(&[]);
+}
+
+/// Processors built with the SDKs take many keys per call (`batch-processor`); called key by
+/// key instead, through `processor`, every scenario gives the same results.
+#[test]
+fn every_scenario_passes_called_key_by_key() {
+    every_scenario_passes_with(&["--per-key-calls"]);
+}
+
+fn every_scenario_passes_with(args: &[&str]) {
     let files = scenario_files();
     assert!(
         files.len() >= 20,
@@ -176,7 +195,7 @@ fn every_scenario_passes() {
                 s.spawn(move || {
                     let name = file.file_name().and_then(|n| n.to_str()).expect("a name");
                     let scenario = with_components(read_scenario(file));
-                    let output = run_scenario(dir, name, &scenario);
+                    let output = run_scenario_with(dir, name, &scenario, args);
                     (!output.status.success())
                         .then(|| format!("=== {name} FAILED\n{}", describe(&output)))
                 })

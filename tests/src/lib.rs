@@ -246,6 +246,7 @@ pub fn runtime(limits: Limits) -> Runtime {
     Runtime::new(RuntimeConfig {
         cache_dir: Some(component_cache()),
         limits,
+        per_key_calls: false,
     })
     .expect("create a runtime")
 }

@@ -47,10 +47,13 @@ pub(crate) fn decode_initial_state<T: DeserializeOwned>(json: &str) -> Result<T>
 pub mod wit_glue {
     use std::cell::RefCell;
 
+    pub use crate::__private::bindings::exports::statebox::processor::batch_processor::Guest as BatchGuest;
     pub use crate::__private::bindings::exports::statebox::processor::processor::Guest;
+    use crate::__private::bindings::statebox::processor::keys::use_key;
     pub use crate::__private::bindings::statebox::processor::types::{
-        ExpiredTimerInfo as WitExpiredTimerInfo, ProcessorError, ProcessorInfo,
-        TimeMode as WitTimeMode, TimerValues as WitTimerValues,
+        BatchError, ExpiredTimerInfo as WitExpiredTimerInfo, KeyRows as WitKeyRows,
+        KeyTimer as WitKeyTimer, ProcessorError, ProcessorInfo, TimeMode as WitTimeMode,
+        TimerValues as WitTimerValues,
     };
 
     use super::{decode_initial_state, decode_rows};
@@ -136,6 +139,49 @@ pub mod wit_glue {
             )?;
             Ok(out.into_json())
         })
+    }
+
+    /// Runs one entry of a batched call: selects its key, then calls `handler`. A failure
+    /// is reported with the entry's index.
+    fn entry<T>(
+        index: usize,
+        handler: impl FnOnce() -> Result<T, ProcessorError>,
+    ) -> Result<T, BatchError> {
+        let index = u32::try_from(index).unwrap_or(u32::MAX);
+        let at = |error| BatchError { index, error };
+        use_key(index)
+            .map_err(|e| at(ProcessorError::Failed(format!("use-key: {}", e.message))))?;
+        handler().map_err(at)
+    }
+
+    /// Runs `handle_input_rows` for each key of a batched call, in order.
+    pub fn handle_input_batch<P: StatefulProcessor>(
+        slot: &RefCell<Option<P>>,
+        groups: Vec<WitKeyRows>,
+        values: WitTimerValues,
+    ) -> Result<Vec<Vec<String>>, BatchError> {
+        groups
+            .into_iter()
+            .enumerate()
+            .map(|(i, g)| entry(i, || handle_input_rows(slot, g.key, g.rows, values)))
+            .collect()
+    }
+
+    /// Runs `handle_expired_timer` for each timer of a batched call, in order.
+    pub fn handle_expired_timers<P: StatefulProcessor>(
+        slot: &RefCell<Option<P>>,
+        timers: Vec<WitKeyTimer>,
+        values: WitTimerValues,
+    ) -> Result<Vec<Vec<String>>, BatchError> {
+        timers
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| {
+                entry(i, || {
+                    handle_expired_timer(slot, t.key, values, t.expired_timer_info)
+                })
+            })
+            .collect()
     }
 
     /// Runs `handle_initial_state` for one initial-state row.

@@ -200,6 +200,10 @@ pub(crate) struct SandboxArgs {
     /// as far as the services called are.
     #[arg(long = "allow-http", value_name = "HOST", value_parser = parse_http_host)]
     allow_http: Vec<String>,
+    /// Call the processor key by key even if it takes many keys per call (exports
+    /// `batch-processor`): slower, for comparing the two.
+    #[arg(long)]
+    per_key_calls: bool,
 }
 
 fn parse_http_host(s: &str) -> Result<String, String> {
@@ -217,6 +221,7 @@ impl SandboxArgs {
         Runtime::new(RuntimeConfig {
             cache_dir: cache_dir(),
             limits,
+            per_key_calls: self.per_key_calls,
         })
     }
 }

@@ -120,6 +120,35 @@ pub struct QueryConfig {
     /// The output schema (DDL) of the processor that created the checkpoint.
     #[serde(default)]
     pub output_schema: Option<String>,
+    /// The query's id (a UUID), fixed when the checkpoint is created; processors see it
+    /// through `get-query-info`. Checkpoints from before it existed get one when next
+    /// opened.
+    #[serde(default)]
+    pub query_id: Option<String>,
+}
+
+/// A new random UUID (version 4), for query and run ids.
+pub(crate) fn new_uuid() -> String {
+    use std::hash::{BuildHasher, RandomState};
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    // Each RandomState is seeded from the OS's randomness.
+    let hi = RandomState::new().hash_one((seed, std::process::id()));
+    let lo = RandomState::new().hash_one((seed, 1u8));
+    let mut b = ((u128::from(hi) << 64) | u128::from(lo)).to_be_bytes();
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
 }
 
 /// The offset log entry: what batch `batch_id` reads and at which times. Written durably

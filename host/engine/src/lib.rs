@@ -166,6 +166,8 @@ pub struct Query {
     config: QueryConfig,
     catalog: Arc<Mutex<Catalog>>,
     instances: Vec<Option<Box<dyn PartitionProcessor>>>,
+    /// This run's id, new each time the query is opened.
+    run_id: String,
     source: FileSource,
     progress: BTreeMap<String, FileProgress>,
     head: Option<CommitRecord>,
@@ -211,6 +213,13 @@ impl Query {
                 })?;
                 check_restart(&stored, &opts)?;
                 let mut stored = stored;
+                if stored.query_id.is_none() {
+                    stored.query_id = Some(config::new_uuid());
+                    checkpoint.put_meta_sync(
+                        meta::QUERY,
+                        &serde_json::to_vec(&stored).expect("serialises"),
+                    )?;
+                }
                 // The watermark delay may change between runs, as in Spark.
                 if let Some(e) = &opts.event_time {
                     stored.watermark_delay_ms = e.watermark_delay_ms;
@@ -231,6 +240,7 @@ impl Query {
                         .as_ref()
                         .map_or(0, |e| e.watermark_delay_ms),
                     output_schema: Some(factory.info().output_schema.to_ddl()),
+                    query_id: Some(config::new_uuid()),
                 };
                 check_time_settings(&config)?;
                 // A new checkpoint has committed no output, so opening the sink would
@@ -313,6 +323,7 @@ impl Query {
             config,
             catalog: Arc::new(Mutex::new(catalog)),
             instances,
+            run_id: config::new_uuid(),
             source,
             progress,
             head,
@@ -755,6 +766,8 @@ impl Query {
             catalog: &self.catalog,
             time_mode: self.config.time_mode,
             output_event_time_column: self.opts.output_event_time_column.as_deref(),
+            query_id: self.config.query_id.as_deref().unwrap_or_default(),
+            run_id: &self.run_id,
             times,
             // The committed batch fired every timer and expired every value up to its
             // time, so scans for due timers and expiries can start just after it.

@@ -1,11 +1,14 @@
 //! One partition's share of a batch, on a worker thread: input rows key by key, then
 //! expired timers in ascending time order, then TTL cleanup (SPEC §1).
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use statebox_runtime::catalog::Catalog;
-use statebox_runtime::{BatchTimes, CallError, CallErrorKind, Function, InstanceConfig};
+use statebox_runtime::{
+    BatchFailure, BatchTimes, CallError, CallErrorKind, Function, InstanceConfig, KeyRows,
+};
 use statebox_state::{Checkpoint, PartitionTxn, StoreError};
 
 use crate::input::{Origin, PartitionInput};
@@ -17,6 +20,12 @@ const TIMER_PAGE: usize = 1024;
 /// A handler that keeps registering timers in the past would fire forever; past this many
 /// firings per partition and batch the batch fails.
 const MAX_TIMER_FIRINGS: u64 = 10_000_000;
+/// At most this many keys go to one batched call (processors that export
+/// `batch-processor`; others are called key by key)...
+const CALL_KEYS: usize = 1024;
+/// ... and at most about this many bytes of rows: a call's rows are copied into the guest's
+/// memory at once. A key's rows always go in one call, however large.
+const CALL_BYTES: usize = 4 << 20;
 
 /// A partition's work in one batch.
 pub(crate) struct Job<'a> {
@@ -63,6 +72,8 @@ pub(crate) struct Context<'q> {
     pub catalog: &'q Arc<Mutex<Catalog>>,
     pub time_mode: TimeMode,
     pub output_event_time_column: Option<&'q str>,
+    pub query_id: &'q str,
+    pub run_id: &'q str,
     pub times: BatchTimes,
     /// Timers and TTL expiries up to this time were all handled by committed batches.
     pub time_floor: Option<i64>,
@@ -90,6 +101,8 @@ impl Context<'_> {
                     catalog: self.catalog.clone(),
                     partition,
                     output_event_time_column: self.output_event_time_column.map(str::to_owned),
+                    query_id: self.query_id.to_owned(),
+                    run_id: self.run_id.to_owned(),
                 };
                 match self.factory.instantiate(config) {
                     Ok(i) => i,
@@ -157,17 +170,37 @@ impl Context<'_> {
         input: &PartitionInput<'_>,
         rows: &mut Vec<String>,
     ) -> Result<(), (CallError, Option<Origin>)> {
-        for group in &input.groups {
-            match instance.handle_input_rows(&group.key, &group.rows) {
-                Ok(out) => rows.extend(out),
-                Err(e) => {
-                    let origin = match &e.kind {
-                        CallErrorKind::BadInputRow { index, .. } => {
-                            group.origins.get(*index as usize).copied()
+        let mut rest = &input.groups[..];
+        while !rest.is_empty() {
+            let mut bytes = 0;
+            let take = rest
+                .iter()
+                .take(CALL_KEYS)
+                .position(|g| {
+                    bytes += g.rows.iter().map(|r| r.len()).sum::<usize>();
+                    bytes > CALL_BYTES
+                })
+                .unwrap_or(rest.len().min(CALL_KEYS))
+                .max(1);
+            let (chunk, next) = rest.split_at(take);
+            rest = next;
+            let calls: Vec<KeyRows<'_>> = chunk
+                .iter()
+                .map(|g| KeyRows {
+                    key: &g.key,
+                    rows: &g.rows,
+                })
+                .collect();
+            match instance.handle_input_batch(&calls) {
+                Ok(out) => rows.extend(out.into_iter().flatten()),
+                Err(BatchFailure { entry, error }) => {
+                    let origin = match (&error.kind, entry) {
+                        (CallErrorKind::BadInputRow { index, .. }, Some(entry)) => {
+                            chunk[entry].origins.get(*index as usize).copied()
                         }
                         _ => None,
                     };
-                    return Err((e, origin));
+                    return Err((error, origin));
                 }
             }
         }
@@ -191,26 +224,54 @@ impl Context<'_> {
             if due.is_empty() {
                 return Ok(());
             }
-            for (ts, key) in due {
-                let key = String::from_utf8(key)
-                    .map_err(|_| internal(StoreError::Corrupt("timer key is not UTF-8".into())))?;
-                // An earlier handler of this round may have deleted this timer; a deleted
-                // timer never fires, whichever page of due timers it was fetched in.
-                if !store(instance, |txn| txn.timer_exists(key.as_bytes(), ts))? {
+            let due = due
+                .into_iter()
+                .map(|(ts, key)| {
+                    String::from_utf8(key)
+                        .map(|key| (key, ts))
+                        .map_err(|_| internal(StoreError::Corrupt("timer key is not UTF-8".into())))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            // The due timers go to the processor in runs of distinct keys, so one call can
+            // serve many keys while each key's timers still fire one at a time, in order.
+            let mut rest = &due[..];
+            while !rest.is_empty() {
+                let mut keys = HashSet::new();
+                let run = rest
+                    .iter()
+                    .take(CALL_KEYS)
+                    .take_while(|(key, _)| keys.insert(key.as_str()))
+                    .count();
+                let (candidates, next) = rest.split_at(run);
+                rest = next;
+                // An earlier handler may have deleted one of these timers; a deleted timer
+                // never fires, whichever page of due timers it was fetched in. (Handlers act
+                // on their own key only, and the run's keys are distinct, so checking the
+                // whole run up front is the same as checking each timer just before it.)
+                let mut timers = Vec::with_capacity(candidates.len());
+                for (key, ts) in candidates {
+                    if store(instance, |txn| txn.timer_exists(key.as_bytes(), *ts))? {
+                        timers.push((key.as_str(), *ts));
+                    }
+                }
+                if timers.is_empty() {
                     continue;
                 }
                 let out = instance
-                    .handle_expired_timer(&key, ts)
-                    .map_err(|e| (e, None))?;
-                result.rows.extend(out);
-                store(instance, |txn| txn.timer_delete(key.as_bytes(), ts))?;
-                result.timers_fired += 1;
+                    .handle_expired_timers(&timers)
+                    .map_err(|f| (f.error, None))?;
+                result.rows.extend(out.into_iter().flatten());
+                for (key, ts) in &timers {
+                    store(instance, |txn| txn.timer_delete(key.as_bytes(), *ts))?;
+                }
+                result.timers_fired += timers.len() as u64;
                 if result.timers_fired > MAX_TIMER_FIRINGS {
+                    let key = timers.last().map(|(key, _)| (*key).to_owned());
                     return Err((
                         CallError {
                             processor: self.factory.info().name.clone(),
                             function: Function::HandleExpiredTimer,
-                            key: Some(key),
+                            key,
                             kind: CallErrorKind::Failed(format!(
                                 "more than {MAX_TIMER_FIRINGS} timers fired in one batch; the \
                                  processor keeps registering timers that are already due"

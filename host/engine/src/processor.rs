@@ -4,7 +4,8 @@
 
 use statebox_runtime::catalog::{Catalog, Described};
 use statebox_runtime::{
-    BatchTimes, CallError, Instance, InstanceConfig, Processor, ProcessorInfo, TimeMode,
+    BatchFailure, BatchTimes, CallError, Instance, InstanceConfig, KeyRows, Processor,
+    ProcessorInfo, TimeMode, each_entry,
 };
 use statebox_state::PartitionTxn;
 
@@ -19,6 +20,23 @@ pub trait PartitionProcessor: Send {
     -> Result<Vec<String>, CallError>;
     /// Applies one initial-state row of a key.
     fn handle_initial_state(&mut self, key: &str, row: &str) -> Result<(), CallError>;
+    /// Handles the rows of several keys; entry `i` of the result holds the rows emitted for
+    /// `groups[i]`. By default one `handle_input_rows` call per key.
+    fn handle_input_batch(
+        &mut self,
+        groups: &[KeyRows<'_>],
+    ) -> Result<Vec<Vec<String>>, BatchFailure> {
+        each_entry(groups, |g| self.handle_input_rows(g.key, g.rows))
+    }
+    /// Handles one expired timer of each of several distinct keys; entry `i` of the result
+    /// holds the rows emitted for `timers[i]`. By default one `handle_expired_timer` call
+    /// per timer.
+    fn handle_expired_timers(
+        &mut self,
+        timers: &[(&str, i64)],
+    ) -> Result<Vec<Vec<String>>, BatchFailure> {
+        each_entry(timers, |&(key, ts)| self.handle_expired_timer(key, ts))
+    }
     /// The lent transaction, for the engine's work between calls (timers, TTL).
     fn txn_mut(&mut self) -> Option<&mut PartitionTxn>;
     /// Takes the transaction back.
@@ -80,6 +98,20 @@ impl PartitionProcessor for Instance {
 
     fn handle_initial_state(&mut self, key: &str, row: &str) -> Result<(), CallError> {
         Instance::handle_initial_state(self, key, row)
+    }
+
+    fn handle_input_batch(
+        &mut self,
+        groups: &[KeyRows<'_>],
+    ) -> Result<Vec<Vec<String>>, BatchFailure> {
+        Instance::handle_input_batch(self, groups)
+    }
+
+    fn handle_expired_timers(
+        &mut self,
+        timers: &[(&str, i64)],
+    ) -> Result<Vec<Vec<String>>, BatchFailure> {
+        Instance::handle_expired_timers(self, timers)
     }
 
     fn txn_mut(&mut self) -> Option<&mut PartitionTxn> {

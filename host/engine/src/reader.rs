@@ -973,6 +973,7 @@ mod tests {
             event_time_column: None,
             watermark_delay_ms: 0,
             output_schema: None,
+            query_id: None,
         };
         let catalog = json!({
             "vars": {

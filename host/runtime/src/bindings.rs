@@ -1,10 +1,12 @@
-//! Host bindings generated from `wit/`.
+//! Host bindings generated from `wit/`, for the larger world `stateful-batch-processor`:
+//! its imports are a superset of `stateful-processor`'s, and its two exports are looked up
+//! one by one (see `Exports`), so a component implementing either world loads.
 //!
 //! Every import is trappable: a host-side fault (the state store failing) or a sandbox
 //! violation traps the guest, while expected conditions are returned as WIT errors.
 
 wasmtime::component::bindgen!({
-    world: "stateful-processor",
+    world: "stateful-batch-processor",
     path: "../../wit",
     imports: { default: trappable },
     ownership: Borrowing { duplicate_if_necessary: true },

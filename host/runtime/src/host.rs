@@ -10,7 +10,7 @@ use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
-use crate::bindings::statebox::processor::{handle, log, state, types};
+use crate::bindings::statebox::processor::{handle, keys, log, state, types};
 use crate::catalog::{Catalog, Declaration, DeclareError, Described, InitOp, VarHandle, VarKind};
 use crate::http::HttpHooks;
 use crate::sandbox::{Limits, VirtualClock, VirtualRandom};
@@ -97,6 +97,17 @@ impl wasmtime::ResourceLimiter for MemoryLimiter {
     }
 }
 
+/// The keys of a batched call, and which one the guest selected.
+struct BatchKeys {
+    keys: Vec<String>,
+    selected: Option<usize>,
+    /// Each entry's random stream while another entry is selected; `None` until first
+    /// selected.
+    random: Vec<Option<u64>>,
+    /// When a key was last selected for the first time.
+    refreshed_at: Option<std::time::Instant>,
+}
+
 /// Everything the imports of one instance can reach.
 pub struct HostState {
     processor: String,
@@ -113,6 +124,8 @@ pub struct HostState {
     random: VirtualRandom,
     phase: Phase,
     key: String,
+    /// The keys of the batched call in progress, if one is.
+    batch: Option<BatchKeys>,
     txn: Option<PartitionTxn>,
     times: Option<BatchTimes>,
     /// Bumped on every call; iterators created in an earlier call are refused.
@@ -184,6 +197,7 @@ impl HostState {
             random,
             phase: Phase::Idle,
             key: String::new(),
+            batch: None,
             txn: None,
             times: None,
             generation: 0,
@@ -280,8 +294,43 @@ impl HostState {
         self.random.reseed(batch_id, key);
     }
 
+    /// Starts a batched call over `keys`: no key is current until the guest selects one
+    /// with `use-key`.
+    pub(crate) fn begin_batch_call(&mut self, keys: Vec<String>) {
+        self.phase = Phase::Handler;
+        self.generation += 1;
+        self.key.clear();
+        self.batch = Some(BatchKeys {
+            random: vec![None; keys.len()],
+            keys,
+            selected: None,
+            refreshed_at: None,
+        });
+    }
+
     pub(crate) fn end_call(&mut self) {
         self.phase = Phase::Idle;
+        self.batch = None;
+    }
+
+    /// The entry of the batched call in progress that the guest selected last.
+    pub(crate) fn selected_entry(&self) -> Option<usize> {
+        self.batch.as_ref().and_then(|b| b.selected)
+    }
+
+    /// When the guest last selected a key of the batched call for the first time: each key
+    /// gets a full CPU budget from then (see `Instance::run`).
+    pub(crate) fn deadline_refreshed_at(&self) -> Option<std::time::Instant> {
+        self.batch.as_ref().and_then(|b| b.refreshed_at)
+    }
+
+    /// The query and batch, as `get-query-info` reports them.
+    fn query_info(&self) -> types::QueryInfo {
+        types::QueryInfo {
+            query_id: self.config.query_id.clone(),
+            run_id: self.config.run_id.clone(),
+            batch_id: self.times.map_or(0, |t| t.batch_id),
+        }
     }
 
     pub(crate) fn timer_values(&self) -> types::TimerValues {
@@ -326,6 +375,12 @@ impl HostState {
                 format!(
                     "{what} is not allowed in {phase}; state and timers can be used only in the handle-* functions"
                 ),
+            ));
+        }
+        if self.batch.as_ref().is_some_and(|b| b.selected.is_none()) {
+            return Err(err(
+                ErrorKind::WrongPhase,
+                format!("{what}: no key is selected; call use-key first in a batched call"),
             ));
         }
         match self.txn.as_mut() {
@@ -536,6 +591,50 @@ macro_rules! op {
 
 impl types::Host for HostState {}
 
+impl keys::Host for HostState {
+    fn use_key(&mut self, index: u32) -> wasmtime::Result<Result<(), StateError>> {
+        let Some(batch) = self.batch.as_mut() else {
+            return Ok(Err(err(
+                ErrorKind::InvalidUse,
+                "use-key is allowed only during a batched call (handle-input-batch or \
+                 handle-expired-timers)"
+                    .into(),
+            )));
+        };
+        let index = index as usize;
+        if index >= batch.keys.len() {
+            return Ok(Err(err(
+                ErrorKind::InvalidUse,
+                format!(
+                    "use-key({index}): the call has {} entries",
+                    batch.keys.len()
+                ),
+            )));
+        }
+        if batch.selected == Some(index) {
+            return Ok(Ok(()));
+        }
+        // Each key keeps its own random stream across switches, as if it had been called
+        // alone.
+        if let Some(previous) = batch.selected {
+            batch.random[previous] = Some(self.random.state());
+        }
+        match batch.random[index] {
+            Some(state) => self.random.restore(state),
+            None => {
+                let batch_id = self.times.map_or(0, |t| t.batch_id);
+                self.random.reseed(batch_id, &batch.keys[index]);
+                // A key's first selection starts its own CPU and outbound-HTTP budget.
+                batch.refreshed_at = Some(std::time::Instant::now());
+                self.http_hooks.start_call(self.limits_config.call_timeout);
+            }
+        }
+        batch.selected = Some(index);
+        batch.keys[index].clone_into(&mut self.key);
+        Ok(Ok(()))
+    }
+}
+
 impl log::Host for HostState {
     fn log(&mut self, level: log::Level, message: String) -> wasmtime::Result<()> {
         let p = &self.processor;
@@ -563,6 +662,10 @@ impl log::Host for HostState {
 }
 
 impl handle::Host for HostState {
+    fn get_query_info(&mut self) -> wasmtime::Result<types::QueryInfo> {
+        Ok(self.query_info())
+    }
+
     fn get_value_state(
         &mut self,
         name: String,

@@ -24,12 +24,13 @@ use std::time::Duration;
 
 use statebox_schema::Schema;
 use statebox_state::{Partition, PartitionTxn, StoreError};
-use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
-use wasmtime::{Engine, Store};
+use wasmtime::component::{Component, HasSelf, InstancePre, Linker, ResourceTable};
+use wasmtime::{Engine, Store, UpdateDeadline};
 
+use crate::bindings::StatefulBatchProcessor;
+use crate::bindings::exports::statebox::processor::batch_processor as batch_guest;
 use crate::bindings::exports::statebox::processor::processor as guest;
 pub use crate::bindings::statebox::processor::types::TimeMode;
-use crate::bindings::{StatefulProcessor, StatefulProcessorPre};
 use crate::catalog::Catalog;
 use crate::host::HostState;
 pub use crate::http::HttpHost;
@@ -37,6 +38,8 @@ pub use crate::sandbox::Limits;
 
 /// The fully qualified name of the world every processor must implement.
 pub const WORLD: &str = "statebox:processor/stateful-processor@0.1.0";
+/// The world of processors that also take many keys per call (`batch-processor`).
+pub const BATCH_WORLD: &str = "statebox:processor/stateful-batch-processor@0.1.0";
 
 /// Failures to load a processor component: the tenant's file is at fault.
 #[derive(Debug, thiserror::Error)]
@@ -144,6 +147,9 @@ pub struct RuntimeConfig {
     pub cache_dir: Option<PathBuf>,
     /// Sandbox limits applied to every call.
     pub limits: Limits,
+    /// Call processors key by key even when they export `batch-processor` (for comparing
+    /// the two; batched calls are faster).
+    pub per_key_calls: bool,
 }
 
 /// The wasmtime engine, the linker with the host imports, and the compiled-component cache.
@@ -164,7 +170,7 @@ impl Runtime {
         // Always linked, so a processor that imports wasi:http loads; every request is
         // checked against the processor's allow-list (`Limits::http_hosts`, empty by default).
         wasmtime_wasi_http::p2::add_only_http_to_linker_sync(&mut linker)?;
-        StatefulProcessor::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
+        StatefulBatchProcessor::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
         let ticker = sandbox::EpochTicker::start(engine.clone());
         Ok(Runtime {
             engine,
@@ -206,9 +212,10 @@ impl Runtime {
                  (processors may import only world {WORLD} and WASI): {e:#}"
             ))
         })?;
-        let pre = StatefulProcessorPre::new(instance_pre).map_err(|e| {
-            LoadError::Invalid(format!("it does not implement world {WORLD}: {e:#}"))
-        })?;
+        let mut pre = ExportsPre::new(instance_pre)?;
+        if self.config.per_key_calls {
+            pre.batch = None;
+        }
         let info = Arc::new(describe(&pre, &limits)?);
         Ok(Processor {
             pre,
@@ -272,10 +279,61 @@ pub struct ProcessorInfo {
     pub output_event_time_column: Option<String>,
 }
 
+/// A component ready to instantiate, with its exports looked up: `processor` always,
+/// `batch-processor` if the component implements the batch world.
+#[derive(Clone)]
+struct ExportsPre {
+    instance: InstancePre<HostState>,
+    processor: guest::GuestIndices,
+    batch: Option<batch_guest::GuestIndices>,
+}
+
+/// A live instance's exports.
+struct Exports {
+    processor: guest::Guest,
+    batch: Option<batch_guest::Guest>,
+}
+
+impl ExportsPre {
+    fn new(instance: InstancePre<HostState>) -> Result<ExportsPre, LoadError> {
+        let processor = guest::GuestIndices::new(&instance).map_err(|e| {
+            LoadError::Invalid(format!("it does not implement world {WORLD}: {e:#}"))
+        })?;
+        // A component that exports no `batch-processor` is a plain `stateful-processor`;
+        // one that exports it must export it whole.
+        let exports_batch = instance
+            .component()
+            .get_export_index(None, "statebox:processor/batch-processor@0.1.0")
+            .is_some();
+        let batch = if exports_batch {
+            Some(batch_guest::GuestIndices::new(&instance).map_err(|e| {
+                LoadError::Invalid(format!("it does not implement world {BATCH_WORLD}: {e:#}"))
+            })?)
+        } else {
+            None
+        };
+        Ok(ExportsPre {
+            instance,
+            processor,
+            batch,
+        })
+    }
+
+    fn instantiate(&self, store: &mut Store<HostState>) -> anyhow::Result<Exports> {
+        let instance = self.instance.instantiate(&mut *store)?;
+        let processor = self.processor.load(&mut *store, &instance)?;
+        let batch = match &self.batch {
+            Some(indices) => Some(indices.load(&mut *store, &instance)?),
+            None => None,
+        };
+        Ok(Exports { processor, batch })
+    }
+}
+
 /// A compiled, checked processor component, ready to instantiate.
 #[derive(Clone)]
 pub struct Processor {
-    pre: StatefulProcessorPre<HostState>,
+    pre: ExportsPre,
     hash: String,
     info: Arc<ProcessorInfo>,
     limits: Limits,
@@ -293,6 +351,24 @@ pub struct InstanceConfig {
     /// The output column holding event time (overrides the processor's own declaration).
     /// In event-time mode, emitting a row older than the watermark fails the call.
     pub output_event_time_column: Option<String>,
+    /// The query's id, fixed when its checkpoint was created (`get-query-info`).
+    pub query_id: String,
+    /// This run's id, new each time the query starts (`get-query-info`).
+    pub run_id: String,
+}
+
+impl InstanceConfig {
+    /// A configuration for running a processor outside any query (describing it).
+    fn detached(time_mode: TimeMode) -> InstanceConfig {
+        InstanceConfig {
+            time_mode,
+            catalog: Arc::new(Mutex::new(Catalog::default())),
+            partition: 0,
+            output_event_time_column: None,
+            query_id: String::new(),
+            run_id: String::new(),
+        }
+    }
 }
 
 impl Processor {
@@ -301,15 +377,17 @@ impl Processor {
         &self.info
     }
 
+    /// Whether the component takes many keys per call (exports `batch-processor`).
+    pub fn is_batched(&self) -> bool {
+        self.pre.batch.is_some()
+    }
+
     /// The content hash (BLAKE3, hex) of the component.
     pub fn hash(&self) -> &str {
         &self.hash
     }
 
-    fn new_store(
-        &self,
-        config: &InstanceConfig,
-    ) -> anyhow::Result<(Store<HostState>, StatefulProcessor)> {
+    fn new_store(&self, config: &InstanceConfig) -> anyhow::Result<(Store<HostState>, Exports)> {
         new_store(&self.pre, &self.limits, &self.info.name, config)
     }
 
@@ -322,12 +400,7 @@ impl Processor {
         time_mode: TimeMode,
         catalog: &Catalog,
     ) -> Result<catalog::Described, CallError> {
-        let config = InstanceConfig {
-            time_mode,
-            catalog: Arc::new(Mutex::new(Catalog::default())),
-            partition: 0,
-            output_event_time_column: None,
-        };
+        let config = InstanceConfig::detached(time_mode);
         let (mut store, bindings) = self.new_store(&config).map_err(|e| CallError {
             processor: self.info.name.clone(),
             function: Function::Init,
@@ -344,7 +417,7 @@ impl Processor {
             event_time_column: None,
         };
         let result = instance.call(Function::Init, None, |b, s| {
-            b.statebox_processor_processor().call_init(s, time_mode)
+            b.processor.call_init(s, time_mode)
         });
         instance.store.data_mut().end_call();
         let mut described = instance.store.data_mut().take_described();
@@ -385,7 +458,7 @@ impl Processor {
         instance.store.data_mut().begin_init();
         let time_mode = config.time_mode;
         let result = instance.call(Function::Init, None, |b, s| {
-            b.statebox_processor_processor().call_init(s, time_mode)
+            b.processor.call_init(s, time_mode)
         });
         instance.store.data_mut().end_call();
         result?;
@@ -395,40 +468,51 @@ impl Processor {
 
 /// A fresh store with the sandbox applied, and the instantiated component in it.
 fn new_store(
-    pre: &StatefulProcessorPre<HostState>,
+    pre: &ExportsPre,
     limits: &Limits,
     name: &str,
     config: &InstanceConfig,
-) -> anyhow::Result<(Store<HostState>, StatefulProcessor)> {
+) -> anyhow::Result<(Store<HostState>, Exports)> {
     let host = HostState::new(
         name.to_owned(),
         config.clone(),
         limits,
         ResourceTable::new(),
     );
-    let mut store = Store::new(pre.engine(), host);
+    let mut store = Store::new(pre.instance.engine(), host);
     store.limiter(|s| &mut s.limits);
-    store.epoch_deadline_trap();
+    store.epoch_deadline_callback(extend_deadline);
     store.set_epoch_deadline(limits.deadline_ticks());
     let bindings = pre.instantiate(&mut store)?;
     Ok((store, bindings))
 }
 
+/// The CPU deadline passed. A call traps then, unless it is a batched call that selected a
+/// key for the first time within the last budget: every key of a batched call gets a full
+/// budget from when it is first selected, so batching never shortens a key's allowance,
+/// while a loop that selects no new key is stopped one budget after the last new key.
+fn extend_deadline(
+    store: wasmtime::StoreContextMut<'_, HostState>,
+) -> wasmtime::Result<UpdateDeadline> {
+    let host = store.data();
+    let budget = host.call_timeout();
+    if let Some(at) = host.deadline_refreshed_at() {
+        let left = budget.saturating_sub(at.elapsed());
+        let ticks = (left.as_millis() / EPOCH_TICK.as_millis()) as u64;
+        if ticks > 0 {
+            return Ok(UpdateDeadline::Continue(ticks));
+        }
+    }
+    Err(wasmtime::Trap::Interrupt.into())
+}
+
 /// Calls a freshly instantiated component's `describe` and parses its schemas.
-fn describe(
-    pre: &StatefulProcessorPre<HostState>,
-    limits: &Limits,
-) -> Result<ProcessorInfo, LoadError> {
-    let config = InstanceConfig {
-        time_mode: TimeMode::None,
-        catalog: Arc::new(Mutex::new(Catalog::default())),
-        partition: 0,
-        output_event_time_column: None,
-    };
+fn describe(pre: &ExportsPre, limits: &Limits) -> Result<ProcessorInfo, LoadError> {
+    let config = InstanceConfig::detached(TimeMode::None);
     let (mut store, bindings) =
         new_store(pre, limits, "", &config).map_err(|e| LoadError::Describe(format!("{e:#}")))?;
     let raw = bindings
-        .statebox_processor_processor()
+        .processor
         .call_describe(&mut store)
         .map_err(|e| LoadError::Describe(sandbox::describe_trap(&e, &store)))?;
     let parse = |what: &str, ddl: &str| {
@@ -461,7 +545,7 @@ pub struct BatchTimes {
 /// A live processor instance serving one partition.
 pub struct Instance {
     store: Store<HostState>,
-    bindings: StatefulProcessor,
+    bindings: Exports,
     info: Arc<ProcessorInfo>,
     poisoned: bool,
     /// The output event-time column checked against the watermark, in event-time mode.
@@ -496,6 +580,12 @@ impl Instance {
         self.store.data_mut().end_batch()
     }
 
+    /// Whether the instance takes many keys per call (its component exports
+    /// `batch-processor`).
+    pub fn is_batched(&self) -> bool {
+        self.bindings.batch.is_some()
+    }
+
     /// Calls `handle-input-rows` for one key. Returns the emitted rows, checked against the
     /// output schema.
     pub fn handle_input_rows(
@@ -506,10 +596,10 @@ impl Instance {
         self.store.data_mut().begin_call(key);
         let tv = self.store.data().timer_values();
         let result = self.call(Function::HandleInputRows, Some(key), |b, s| {
-            b.statebox_processor_processor()
-                .call_handle_input_rows(s, key, rows, tv)
+            b.processor.call_handle_input_rows(s, key, rows, tv)
         });
-        self.finish_call(Function::HandleInputRows, key, result)
+        self.store.data_mut().end_call();
+        self.check_output(Function::HandleInputRows, key, result?)
     }
 
     /// Calls `handle-expired-timer` for one key and timer.
@@ -524,10 +614,136 @@ impl Instance {
             expiry_time_ms: expiry_ms,
         };
         let result = self.call(Function::HandleExpiredTimer, Some(key), |b, s| {
-            b.statebox_processor_processor()
-                .call_handle_expired_timer(s, key, tv, info)
+            b.processor.call_handle_expired_timer(s, key, tv, info)
         });
-        self.finish_call(Function::HandleExpiredTimer, key, result)
+        self.store.data_mut().end_call();
+        self.check_output(Function::HandleExpiredTimer, key, result?)
+    }
+
+    /// Handles the rows of several keys: one `handle-input-batch` call if the component
+    /// exports `batch-processor`, else one `handle-input-rows` call per key. Entry `i` of
+    /// the result holds the rows emitted for `groups[i]`, checked against the output schema.
+    pub fn handle_input_batch(
+        &mut self,
+        groups: &[KeyRows<'_>],
+    ) -> Result<Vec<Vec<String>>, BatchFailure> {
+        if !self.is_batched() {
+            return each_entry(groups, |g| self.handle_input_rows(g.key, g.rows));
+        }
+        let entries: Vec<batch_guest::KeyRows<'_>> = groups
+            .iter()
+            .map(|g| batch_guest::KeyRows {
+                key: g.key,
+                rows: g.rows,
+            })
+            .collect();
+        let keys = groups.iter().map(|g| g.key).collect::<Vec<_>>();
+        self.batch_call(Function::HandleInputRows, &keys, |b, s, tv| {
+            let batch = b.batch.as_ref().expect("checked by is_batched");
+            batch.call_handle_input_batch(s, &entries, tv)
+        })
+    }
+
+    /// Handles one expired timer of each of several keys (`(key, expiry)`, each key at most
+    /// once): one `handle-expired-timers` call if the component exports `batch-processor`,
+    /// else one `handle-expired-timer` call per timer. Entry `i` of the result holds the
+    /// rows emitted for `timers[i]`.
+    pub fn handle_expired_timers(
+        &mut self,
+        timers: &[(&str, i64)],
+    ) -> Result<Vec<Vec<String>>, BatchFailure> {
+        if !self.is_batched() {
+            return each_entry(timers, |&(key, ts)| self.handle_expired_timer(key, ts));
+        }
+        let entries: Vec<batch_guest::KeyTimer<'_>> = timers
+            .iter()
+            .map(|&(key, ts)| batch_guest::KeyTimer {
+                key,
+                expired_timer_info: guest::ExpiredTimerInfo { expiry_time_ms: ts },
+            })
+            .collect();
+        let keys = timers.iter().map(|t| t.0).collect::<Vec<_>>();
+        self.batch_call(Function::HandleExpiredTimer, &keys, |b, s, tv| {
+            let batch = b.batch.as_ref().expect("checked by is_batched");
+            batch.call_handle_expired_timers(s, &entries, tv)
+        })
+    }
+
+    /// Runs one batched export call over entries with `keys`, and checks each entry's
+    /// output. A failure is attributed to the entry the guest names, or for a trap to the
+    /// entry it had selected.
+    fn batch_call(
+        &mut self,
+        function: Function,
+        keys: &[&str],
+        f: impl FnOnce(
+            &Exports,
+            &mut Store<HostState>,
+            guest::TimerValues,
+        ) -> wasmtime::Result<Result<Vec<Vec<String>>, batch_guest::BatchError>>,
+    ) -> Result<Vec<Vec<String>>, BatchFailure> {
+        self.store
+            .data_mut()
+            .begin_batch_call(keys.iter().map(|k| (*k).to_owned()).collect());
+        let tv = self.store.data().timer_values();
+        let result = self.invoke(function, None, |b, s| f(b, s, tv));
+        let selected = self.store.data().selected_entry();
+        self.store.data_mut().end_call();
+        let at = |entry: Option<usize>, error| BatchFailure { entry, error };
+        let outputs = match result {
+            Ok(Ok(outputs)) => outputs,
+            Ok(Err(e)) => {
+                let entry = e.index as usize;
+                let Some(key) = keys.get(entry) else {
+                    return Err(at(
+                        None,
+                        self.error(
+                            function,
+                            None,
+                            CallErrorKind::Failed(format!(
+                                "the processor reported a failure of entry {entry} of a call \
+                                 with {} entries: {}",
+                                keys.len(),
+                                processor_error(e.error)
+                            )),
+                        ),
+                    ));
+                };
+                return Err(at(
+                    Some(entry),
+                    self.guest_error(function, Some(key), e.error),
+                ));
+            }
+            Err(mut e) => {
+                if e.key.is_none() {
+                    e.key = selected.map(|i| keys[i].to_owned());
+                }
+                return Err(at(selected, e));
+            }
+        };
+        if outputs.len() != keys.len() {
+            return Err(at(
+                None,
+                self.error(
+                    function,
+                    None,
+                    CallErrorKind::BadOutput(format!(
+                        "a batched call with {} entries returned {} results",
+                        keys.len(),
+                        outputs.len()
+                    )),
+                ),
+            ));
+        }
+        outputs
+            .into_iter()
+            .zip(keys)
+            .enumerate()
+            .map(|(i, (rows, key))| {
+                self.check_output(function, key, rows)
+                    .map_err(|e| at(Some(i), e))
+            })
+            .collect()
     }
 
     /// Calls `handle-initial-state` for one key and initial-state row.
@@ -535,8 +751,7 @@ impl Instance {
         self.store.data_mut().begin_call(key);
         let tv = self.store.data().timer_values();
         let result = self.call(Function::HandleInitialState, Some(key), |b, s| {
-            b.statebox_processor_processor()
-                .call_handle_initial_state(s, key, row, tv)
+            b.processor.call_handle_initial_state(s, key, row, tv)
         });
         self.store.data_mut().end_call();
         result.map(|_| ())
@@ -548,21 +763,19 @@ impl Instance {
             return Ok(());
         }
         self.store.data_mut().begin_close();
-        let result = self.call(Function::Close, None, |b, s| {
-            b.statebox_processor_processor().call_close(s)
-        });
+        let result = self.call(Function::Close, None, |b, s| b.processor.call_close(s));
         self.store.data_mut().end_call();
         result
     }
 
-    fn finish_call(
-        &mut self,
+    /// Checks a call's output: the output limit, the output schema and (in event-time
+    /// mode) the watermark.
+    fn check_output(
+        &self,
         function: Function,
         key: &str,
-        result: Result<Vec<String>, CallError>,
+        mut rows: Vec<String>,
     ) -> Result<Vec<String>, CallError> {
-        self.store.data_mut().end_call();
-        let mut rows = result?;
         let limit = self.store.data().output_limit();
         let mut bytes = 0usize;
         for row in &mut rows {
@@ -616,17 +829,47 @@ impl Instance {
         }
     }
 
-    /// Runs one export call under the CPU deadline and turns every failure into a
-    /// [`CallError`].
+    /// The report of an error the guest returned.
+    fn guest_error(
+        &self,
+        function: Function,
+        key: Option<&str>,
+        e: guest::ProcessorError,
+    ) -> CallError {
+        let kind = match e {
+            guest::ProcessorError::Failed(msg) => CallErrorKind::Failed(msg),
+            guest::ProcessorError::BadInputRow(row) => CallErrorKind::BadInputRow {
+                index: row.index,
+                message: row.message,
+            },
+        };
+        self.error(function, key, kind)
+    }
+
+    /// Runs one export call that returns `Result<T, processor-error>`.
     fn call<T>(
         &mut self,
         function: Function,
         key: Option<&str>,
         f: impl FnOnce(
-            &StatefulProcessor,
+            &Exports,
             &mut Store<HostState>,
         ) -> wasmtime::Result<Result<T, guest::ProcessorError>>,
     ) -> Result<T, CallError> {
+        match self.invoke(function, key, f)? {
+            Ok(v) => Ok(v),
+            Err(e) => Err(self.guest_error(function, key, e)),
+        }
+    }
+
+    /// Runs one export call under the CPU deadline; a trap poisons the instance and becomes
+    /// a [`CallError`].
+    fn invoke<R>(
+        &mut self,
+        function: Function,
+        key: Option<&str>,
+        f: impl FnOnce(&Exports, &mut Store<HostState>) -> wasmtime::Result<R>,
+    ) -> Result<R, CallError> {
         if self.poisoned {
             return Err(self.error(
                 function,
@@ -638,18 +881,7 @@ impl Instance {
         self.store.set_epoch_deadline(ticks);
         self.store.data_mut().start_call_deadline();
         match f(&self.bindings, &mut self.store) {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(guest::ProcessorError::Failed(msg))) => {
-                Err(self.error(function, key, CallErrorKind::Failed(msg)))
-            }
-            Ok(Err(guest::ProcessorError::BadInputRow(row))) => Err(self.error(
-                function,
-                key,
-                CallErrorKind::BadInputRow {
-                    index: row.index,
-                    message: row.message,
-                },
-            )),
+            Ok(v) => Ok(v),
             Err(trap) => {
                 self.poisoned = true;
                 let kind = match self.store.data_mut().take_internal_error() {
@@ -658,6 +890,58 @@ impl Instance {
                 };
                 Err(self.error(function, key, kind))
             }
+        }
+    }
+}
+
+/// The rows of one key, as passed to [`Instance::handle_input_batch`].
+#[derive(Clone, Copy, Debug)]
+pub struct KeyRows<'a> {
+    /// The key, a JSON array of the key columns' values.
+    pub key: &'a str,
+    /// The key's rows in arrival order, each a JSON object.
+    pub rows: &'a [&'a str],
+}
+
+/// A failed call over several keys, and the entry it is attributed to (`None` when the
+/// failure belongs to no single entry).
+#[derive(Debug)]
+pub struct BatchFailure {
+    /// Index of the entry whose handler failed.
+    pub entry: Option<usize>,
+    /// The failure.
+    pub error: CallError,
+}
+
+impl From<CallError> for BatchFailure {
+    fn from(error: CallError) -> BatchFailure {
+        BatchFailure { entry: None, error }
+    }
+}
+
+/// One call per entry, stopping at the first failure: the batched methods' fallback for
+/// components without the `batch-processor` export.
+pub fn each_entry<E>(
+    entries: &[E],
+    mut call: impl FnMut(&E) -> Result<Vec<String>, CallError>,
+) -> Result<Vec<Vec<String>>, BatchFailure> {
+    entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            call(e).map_err(|error| BatchFailure {
+                entry: Some(i),
+                error,
+            })
+        })
+        .collect()
+}
+
+fn processor_error(e: guest::ProcessorError) -> String {
+    match e {
+        guest::ProcessorError::Failed(msg) => msg,
+        guest::ProcessorError::BadInputRow(row) => {
+            format!("input row {} rejected: {}", row.index, row.message)
         }
     }
 }

@@ -186,6 +186,15 @@ impl VirtualRandom {
         self.0.store(h, Ordering::Relaxed);
     }
 
+    /// The stream's position, to resume it later with [`restore`](Self::restore).
+    pub(crate) fn state(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn restore(&self, state: u64) {
+        self.0.store(state, Ordering::Relaxed);
+    }
+
     fn next(&self) -> u64 {
         let mut z = self
             .0

@@ -192,6 +192,7 @@ impl App {
                     .unwrap_or_else(|| dir.join("compiled")),
             ),
             limits: config.default_quotas.limits(),
+            per_key_calls: false,
         })?;
         let app = Arc::new_cyclic(|me| App {
             config,

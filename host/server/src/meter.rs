@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use statebox_engine::{PartitionProcessor, ProcessorFactory};
 use statebox_runtime::catalog::{Catalog, Described};
 use statebox_runtime::{
-    BatchTimes, CallError, CallErrorKind, Function, Instance, InstanceConfig, Processor,
-    ProcessorInfo, TimeMode,
+    BatchFailure, BatchTimes, CallError, CallErrorKind, Function, Instance, InstanceConfig,
+    KeyRows, Processor, ProcessorInfo, TimeMode,
 };
 use statebox_state::PartitionTxn;
 
@@ -129,12 +129,12 @@ impl MeteredInstance {
         })
     }
 
-    fn metered<T>(
+    fn metered<T, E: From<CallError>>(
         &mut self,
         function: Function,
         key: &str,
-        call: impl FnOnce(&mut Instance) -> Result<T, CallError>,
-    ) -> Result<T, CallError> {
+        call: impl FnOnce(&mut Instance) -> Result<T, E>,
+    ) -> Result<T, E> {
         self.check_budget(function, key)?;
         let started = thread_cpu_ns();
         let result = call(&mut self.instance);
@@ -177,6 +177,26 @@ impl PartitionProcessor for MeteredInstance {
     fn handle_initial_state(&mut self, key: &str, row: &str) -> Result<(), CallError> {
         self.metered(Function::HandleInitialState, key, |i| {
             i.handle_initial_state(key, row)
+        })
+    }
+
+    fn handle_input_batch(
+        &mut self,
+        groups: &[KeyRows<'_>],
+    ) -> Result<Vec<Vec<String>>, BatchFailure> {
+        let first = groups.first().map_or("", |g| g.key);
+        self.metered(Function::HandleInputRows, first, |i| {
+            i.handle_input_batch(groups)
+        })
+    }
+
+    fn handle_expired_timers(
+        &mut self,
+        timers: &[(&str, i64)],
+    ) -> Result<Vec<Vec<String>>, BatchFailure> {
+        let first = timers.first().map_or("", |t| t.0);
+        self.metered(Function::HandleExpiredTimer, first, |i| {
+            i.handle_expired_timers(timers)
         })
     }
 

@@ -17,10 +17,12 @@
 //! | `fail` | returns an error containing `misbehave deliberately failed` |
 //! | `clock` | emits the guest's `SystemTime::now()` in ms (detail and count) |
 //! | `random` | emits a number drawn from std's `RandomState` (detail and count) |
+//! | `random-host` | emits a number drawn from the host's `wasi:random` (detail and count) |
 //! | `read-file` | tries to read `/etc/passwd` and list `/` and `.`; emits what happened |
 //! | `env` | emits the environment variables and arguments the guest sees |
 //! | `declare` | declares a state variable and calls `delete-if-exists` outside `init` |
 //! | `timer` | registers a timer |
+//! | `use-key` | selects an entry past the batched call's (`use-key`), then reads `count` |
 //! | `init-report` | emits what happened when `init` touched state and timers, and declared `count` again (same schema, another schema, another kind) and a variable with an invalid schema |
 //!
 //! For `read-file`, `env`, `declare` and `timer` the `count` column is the number of
@@ -141,6 +143,12 @@ impl Misbehave {
                 let n = hasher.finish() as i64;
                 out.emit(Self::row(k, action, n.to_string(), n))
             }
+            "random-host" => {
+                // Straight from the host's `wasi:random`, not through std's cached keys.
+                let n =
+                    getrandom::u64().map_err(|e| statebox_sdk::Error::msg(e.to_string()))? as i64;
+                out.emit(Self::row(k, action, n.to_string(), n))
+            }
             "read-file" => {
                 let attempts = [
                     outcome(
@@ -193,6 +201,16 @@ impl Misbehave {
                     outcome(self.timers.delete(1_000)),
                 ];
                 self.emit_attempts(k, action, &attempts, out)
+            }
+            "use-key" => {
+                // Entries past the batched call's are refused; the guest stays on its key.
+                use statebox_sdk::__private::bindings::statebox::processor::keys::use_key;
+                let far = match use_key(u32::MAX) {
+                    Ok(()) => (true, "selected".to_owned()),
+                    Err(e) => (false, format!("{:?}: {}", e.kind, e.message)),
+                };
+                let count = outcome(self.count.get().map(|c| c.unwrap_or(0)));
+                self.emit_attempts(k, action, &[far, count], out)
             }
             "init-report" => out.emit(Self::row(k, action, self.init_report.clone(), 0)),
             other => statebox_sdk::bail!("unknown action `{other}`"),
