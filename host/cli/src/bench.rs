@@ -31,6 +31,19 @@ pub(crate) enum BenchCommand {
     /// `statebox serve` under load: concurrent ingest requests over loopback HTTP across
     /// several tenants (one `counter` pipeline each); sustained rows/s and ack latency.
     Serve(ServeArgs),
+    /// Cold start per guest language (the counter in Rust, Python and JavaScript): component
+    /// size, compile time, loading the compiled code from the cache, instantiate + `init`,
+    /// and the first and next call.
+    Startup(StartupArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct StartupArgs {
+    /// Repetitions of each measurement after the compile; medians are printed.
+    #[arg(long, default_value_t = 7)]
+    runs: usize,
+    #[command(flatten)]
+    sandbox: SandboxArgs,
 }
 
 #[derive(Args)]
@@ -100,6 +113,7 @@ pub(crate) fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Timers(args) => timed("timers", "heartbeat-monitor", "sensor", args),
         BenchCommand::Ttl(args) => timed("ttl", "dedup-ttl", "id", args),
         BenchCommand::Serve(args) => serve(args),
+        BenchCommand::Startup(args) => startup(args),
     }
 }
 
@@ -252,6 +266,81 @@ fn count(args: CountArgs) -> anyhow::Result<()> {
             "seconds": (seconds * 1000.0).round() / 1000.0,
             "events_per_s": (args.events as f64 / seconds).round(),
             "output_rows": output_rows,
+        });
+        println!("{line}");
+    }
+    Ok(())
+}
+
+fn startup(args: StartupArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.runs > 0, "--runs must be positive");
+    let ms = |d: std::time::Duration| (d.as_secs_f64() * 1e4).round() / 10.0;
+    let us = |d: std::time::Duration| (d.as_secs_f64() * 1e7).round() / 10.0;
+    let median = |mut v: Vec<std::time::Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    let key = r#"["u1"]"#;
+    let rows = [r#"{"user":"u1"}"#];
+    for (language, plugin) in [
+        ("rust", "counter"),
+        ("python", "counter-py"),
+        ("javascript", "counter-js"),
+    ] {
+        let wasm = crate::plugin::resolve(&workspace_root().join("plugins").join(plugin))?;
+        let bytes = std::fs::metadata(&wasm)
+            .with_context(|| format!("read {}", wasm.display()))?
+            .len();
+        let scratch = scratch_dir()?;
+        // A cache of its own, so the first load compiles.
+        let mut config = args.sandbox.runtime_config();
+        config.cache_dir = Some(scratch.path().join("compiled"));
+        let runtime = statebox_runtime::Runtime::new(config)?;
+        let started = Instant::now();
+        runtime.load_file(&wasm)?;
+        let compile = started.elapsed();
+        let (mut load, mut init, mut first, mut next) = (vec![], vec![], vec![], vec![]);
+        for run in 0..args.runs {
+            let started = Instant::now();
+            let processor = runtime.load_file(&wasm)?;
+            load.push(started.elapsed());
+            let checkpoint =
+                statebox_state::Checkpoint::open(&scratch.path().join(run.to_string()))?;
+            let started = Instant::now();
+            let mut instance = processor.instantiate(InstanceConfig {
+                time_mode: TimeMode::None,
+                catalog: Arc::new(Mutex::new(Catalog::default())),
+                partition: 0,
+                output_event_time_column: None,
+                query_id: "bench".into(),
+                run_id: "bench".into(),
+            })?;
+            init.push(started.elapsed());
+            let times = BatchTimes {
+                batch_id: 0,
+                batch_timestamp_ms: 0,
+                watermark_ms: -1,
+            };
+            instance.begin_batch(checkpoint.txn(0), times);
+            for timings in [&mut first, &mut next] {
+                let started = Instant::now();
+                instance
+                    .handle_input_batch(&[statebox_runtime::KeyRows { key, rows: &rows }])
+                    .map_err(|f| f.error)?;
+                timings.push(started.elapsed());
+            }
+            instance.end_batch();
+        }
+        let line = json!({
+            "workload": "startup",
+            "language": language,
+            "plugin": plugin,
+            "component_bytes": bytes,
+            "compile_ms": ms(compile),
+            "load_cached_ms": ms(median(load)),
+            "instantiate_init_ms": ms(median(init)),
+            "first_call_us": us(median(first)),
+            "next_call_us": us(median(next)),
         });
         println!("{line}");
     }

@@ -212,17 +212,21 @@ fn parse_http_host(s: &str) -> Result<String, String> {
 
 impl SandboxArgs {
     pub(crate) fn runtime(&self) -> anyhow::Result<Runtime> {
+        Runtime::new(self.runtime_config())
+    }
+
+    pub(crate) fn runtime_config(&self) -> RuntimeConfig {
         let limits = Limits {
             call_timeout: Duration::from_millis(self.call_timeout_ms),
             memory_bytes: self.memory_limit_mb << 20,
             output_bytes_per_call: self.output_limit_mb << 20,
             http_hosts: self.allow_http.clone(),
         };
-        Runtime::new(RuntimeConfig {
+        RuntimeConfig {
             cache_dir: cache_dir(),
             limits,
             per_key_calls: self.per_key_calls,
-        })
+        }
     }
 }
 
