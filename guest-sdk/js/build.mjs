@@ -12,6 +12,8 @@
 //    before from the same hash is reused.
 // 3. componentize-js splices the bundle into the StarlingMonkey engine and pre-initialises
 //    it with wizer: the module's top-level code runs here, so errors in it fail the build.
+//    The component targets the world `stateful-batch-processor`: it exports both the
+//    single-key `processor` interface and `batch-processor` (many keys per call).
 //
 // With `-o` the component is written there; without it, its path (in the cache) is printed on
 // standard output. A summary (size, build time) goes to standard error unless `--quiet`.
@@ -25,9 +27,13 @@ import { fileURLToPath } from 'node:url';
 
 const SDK_DIR = dirname(fileURLToPath(import.meta.url));
 const WIT_DIR = resolve(SDK_DIR, '../../wit');
-const WORLD = 'stateful-processor';
+/**
+ * The world components are built against: `stateful-processor` plus the batched handlers
+ * (`batch-processor`, many keys per call) and the `keys` import that selects a call's key.
+ */
+const WORLD = 'stateful-batch-processor';
 /** Bumped when the way a component is produced changes, so cached components are rebuilt. */
-const BUILD_FORMAT = 1;
+const BUILD_FORMAT = 2;
 /**
  * WASI features the engine is built without by default. The host links no `wasi:http`, so
  * `http` and `fetch-event` must go; `stdio`, `random` and `clocks` stay: the host answers them
@@ -164,7 +170,9 @@ export async function bundle(source, { testHost = false } = {}) {
   const entrySource = [
     `import * as userModule from ${JSON.stringify(source)};`,
     `import { exportProcessor } from ${JSON.stringify(join(SDK_DIR, 'src/export.js'))};`,
-    'export const processor = exportProcessor(userModule.default);',
+    'const exported = exportProcessor(userModule.default);',
+    'export const processor = exported.processor;',
+    'export const batchProcessor = exported.batchProcessor;',
     '',
   ].join('\n');
   let result;
@@ -228,7 +236,11 @@ const testHostPlugin = {
     build.onResolve({ filter: /^statebox:processor\// }, (args) => ({ path: args.path, namespace: 'statebox-test-host' }));
     build.onLoad({ filter: /.*/, namespace: 'statebox-test-host' }, (args) => {
       const iface = /^statebox:processor\/([a-z-]+)@/.exec(args.path)?.[1];
-      const names = { handle: ['getValueState', 'getListState', 'getMapState', 'deleteIfExists', 'registerTimer', 'deleteTimer', 'listTimers'], log: ['log'] }[iface];
+      const names = {
+        handle: ['getValueState', 'getListState', 'getMapState', 'deleteIfExists', 'registerTimer', 'deleteTimer', 'listTimers', 'getQueryInfo'],
+        keys: ['useKey'],
+        log: ['log'],
+      }[iface];
       if (!names) return { errors: [{ text: `the test harness has no interface ${args.path}` }] };
       const body = names.map((n) => `export const ${n} = (...args) => globalThis.__stateboxTestHost.${iface}.${n}(...args);`);
       return { contents: body.join('\n'), loader: 'js' };

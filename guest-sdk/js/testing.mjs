@@ -11,6 +11,8 @@
 // in `init`, touch state in handlers), empty lists and null elements refused, TTL against
 // the harness's clock, timers fired in ascending (time, key) order, map entries ordered by
 // their canonical JSON. It does not check values against their schemas (the real host does).
+// Integers outside ±Number.MAX_SAFE_INTEGER are `bigint`s in rows, keys and state, as in a
+// component (the harness's JSON is the SDK's).
 
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -18,6 +20,7 @@ import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 
 import { bundle, sourceFile, typecheck } from './build.mjs';
+import { parse, stringify } from './src/json.js';
 
 process.setSourceMapsEnabled?.(true);
 
@@ -46,12 +49,12 @@ function canonical(json) {
       : v !== null && typeof v === 'object'
         ? Object.fromEntries(Object.keys(v).sort().map((k) => [k, sort(v[k])]))
         : v;
-  return JSON.stringify(sort(JSON.parse(json)));
+  return stringify(sort(parse(json)));
 }
 
 function checkJson(json, what) {
   try {
-    return JSON.parse(json);
+    return parse(json);
   } catch (err) {
     throw new HostError('schema-mismatch', `${what} is not JSON: ${err.message}`);
   }
@@ -67,8 +70,15 @@ class MemHost {
     this.timers = new Map();
     this.phase = 'idle';
     this.key = null;
+    /** The key JSON of each entry of the batched call in progress, or null. */
+    this.batchKeys = null;
     this.clock = -1;
     this.generation = 0;
+    /** Host iterators not yet dropped, and the most ever open at once. */
+    this.openIterators = 0;
+    this.maxOpenIterators = 0;
+    /** What `getQueryInfo` answers. */
+    this.queryInfo = { queryId: '00000000-0000-4000-8000-000000000000', runId: '00000000-0000-4000-8000-000000000001', batchId: 0n };
     const host = this;
     this.handle = {
       getValueState: (name, schema, ttl) => host.declare(name, 'value', ttl),
@@ -93,6 +103,18 @@ class MemHost {
         const list = [...(host.timers.get(host.key) ?? [])].sort((a, b) => a - b);
         return BigInt64Array.from(list, BigInt);
       },
+      getQueryInfo: () => ({ ...host.queryInfo }),
+    };
+    this.keys = {
+      useKey: (index) => {
+        if (host.batchKeys === null || index >= host.batchKeys.length) {
+          throw new HostError('invalid-use', `use-key(${index}): no such entry in the call in progress`);
+        }
+        host.key = host.batchKeys[index];
+        // Iterators of the previous key are refused (the SDK frees them before it selects
+        // the next key; the host itself only refuses iterators of an earlier call).
+        host.generation += 1;
+      },
     };
     this.log = {
       log: (level, message) => process.stderr.write(`[${level}] ${message}\n`),
@@ -103,6 +125,9 @@ class MemHost {
     if (this.phase !== phase) {
       const where = phase === 'init' ? 'only in init' : 'only in handleInputRows, handleExpiredTimer and handleInitialState';
       throw new HostError('wrong-phase', `${what} is allowed ${where}, not in ${this.phase}`);
+    }
+    if (phase === 'handler' && this.key === null) {
+      throw new HostError('wrong-phase', `${what}: no key is selected; call use-key first in a batched call`);
     }
   }
 
@@ -141,8 +166,12 @@ class MemHost {
   iterator(items, generation) {
     const host = this;
     let index = 0;
+    let dropped = false;
+    host.openIterators += 1;
+    host.maxOpenIterators = Math.max(host.maxOpenIterators, host.openIterators);
     return {
       nextPage(max) {
+        if (dropped) throw new Error('an iterator was used after it was dropped (a bug in the SDK)');
         if (generation !== host.generation) {
           throw new HostError('invalid-use', 'an iterator was used after the call that created it');
         }
@@ -150,7 +179,11 @@ class MemHost {
         index += page.length;
         return page;
       },
-      [DISPOSE]() {},
+      [DISPOSE]() {
+        if (dropped) throw new Error('an iterator was dropped twice (a bug in the SDK)');
+        dropped = true;
+        host.openIterators -= 1;
+      },
     };
   }
 
@@ -299,6 +332,8 @@ export class TestHarness {
     this.processingTimeMs = timeMode === 'none' ? -1 : 0;
     /** The watermark handlers see (event-time mode), in ms. */
     this.watermarkMs = timeMode === 'event-time' ? 0 : -1;
+    /** The batch id `getQueryInfo()` reports. */
+    this.batchId = 0;
     this.loads = 0;
   }
 
@@ -317,7 +352,7 @@ export class TestHarness {
       // console is better, so it is put back.
       const console = globalThis.console;
       try {
-        this.processor = (await import(pathToFileURL(file).href)).processor;
+        ({ processor: this.processor, batchProcessor: this.batchProcessor } = await import(pathToFileURL(file).href));
       } finally {
         globalThis.console = console;
       }
@@ -329,17 +364,20 @@ export class TestHarness {
     unwrap(await this.call('init', null, () => this.processor.init(this.timeMode)), 'init');
   }
 
-  async call(phase, key, fn) {
+  async call(phase, key, fn, batchKeys = null) {
     const host = this.host;
     host.phase = phase;
-    host.key = key === null ? null : JSON.stringify(key);
+    host.key = key === null ? null : stringify(key);
+    host.batchKeys = batchKeys;
     host.generation += 1;
     host.clock = this.timeMode === 'event-time' ? this.watermarkMs : this.processingTimeMs;
+    host.queryInfo.batchId = BigInt(this.batchId);
     try {
       return await fn();
     } finally {
       host.phase = 'idle';
       host.key = null;
+      host.batchKeys = null;
       host.generation += 1;
     }
   }
@@ -351,23 +389,46 @@ export class TestHarness {
   /** Calls `handleInputRows` for `key` with `rows`; returns the emitted rows. */
   async handleInputRows(key, rows) {
     const out = await this.call('handler', key, () =>
-      this.processor.handleInputRows(JSON.stringify(key), rows.map((r) => JSON.stringify(r)), this.timerValues()),
+      this.processor.handleInputRows(stringify(key), rows.map((r) => stringify(r)), this.timerValues()),
     );
-    return unwrap(out, 'handleInputRows').map((r) => JSON.parse(r));
+    return unwrap(out, 'handleInputRows').map((r) => parse(r));
+  }
+
+  /**
+   * Calls the batched `handleInputBatch` (as the host does, many keys per call) with
+   * `[key, rows]` pairs of distinct keys; returns the rows emitted for each entry. A failing
+   * entry throws an `Error` whose `index` names it (and `processorError` is the processor's
+   * error), as the host names the entry's key.
+   */
+  async handleInputBatch(groups) {
+    const keys = groups.map(([key]) => stringify(key));
+    const wire = groups.map(([, rows], i) => ({ key: keys[i], rows: rows.map((r) => stringify(r)) }));
+    const out = await this.call('handler', null, () => this.batchProcessor.handleInputBatch(wire, this.timerValues()), keys);
+    if (out.tag === 'err') {
+      const { index, error } = out.val;
+      const message = error.tag === 'bad-input-row' ? `bad input row ${error.val.index}: ${error.val.message}` : error.val;
+      const err = new Error(`handleInputBatch failed for entry ${index} (key ${keys[index]}): ${message}`);
+      err.index = index;
+      err.processorError = error;
+      throw err;
+    }
+    return out.val.map((rows) => rows.map((r) => parse(r)));
   }
 
   /** Calls `handleInitialState` for `key` with one initial-state row. */
   async handleInitialState(key, row) {
     const out = await this.call('handler', key, () =>
-      this.processor.handleInitialState(JSON.stringify(key), JSON.stringify(row), this.timerValues()),
+      this.processor.handleInitialState(stringify(key), stringify(row), this.timerValues()),
     );
     unwrap(out, 'handleInitialState');
   }
 
   /**
    * Moves time to `ms` (the batch timestamp in processing-time mode, the watermark in
-   * event-time mode) and fires every due timer in ascending (time, key) order, like the end of
-   * a batch; returns the rows the timer handlers emitted.
+   * event-time mode) and fires every due timer, like the end of a batch: as the host does,
+   * through the batched `handleExpiredTimers`, each call taking the earliest due timer of
+   * every key that has one (in ascending (time, key) order), until none is due; so a key's
+   * timers fire one at a time in ascending order. Returns the rows the timer handlers emitted.
    */
   async advanceTo(ms) {
     if (this.timeMode === 'none') throw new Error('advanceTo: time does not advance in time mode none');
@@ -377,45 +438,52 @@ export class TestHarness {
     for (;;) {
       const due = [];
       for (const [key, set] of this.host.timers) {
-        for (const t of set) if (t <= ms) due.push([t, key]);
+        let first;
+        for (const t of set) if (t <= ms && (first === undefined || t < first)) first = t;
+        if (first !== undefined) due.push([first, key]);
       }
       if (due.length === 0) break;
       due.sort(([a, ka], [b, kb]) => a - b || (ka < kb ? -1 : ka > kb ? 1 : 0));
-      const [t, keyJson] = due[0];
-      const key = JSON.parse(keyJson);
-      const out = await this.call('handler', key, () =>
-        this.processor.handleExpiredTimer(keyJson, this.timerValues(), { expiryTimeMs: t }),
-      );
-      this.host.timers.get(keyJson)?.delete(t);
-      rows.push(...unwrap(out, 'handleExpiredTimer').map((r) => JSON.parse(r)));
+      const keys = due.map(([, key]) => key);
+      const entries = due.map(([t, key]) => ({ key, expiredTimerInfo: { expiryTimeMs: BigInt(t) } }));
+      const out = await this.call('handler', null, () => this.batchProcessor.handleExpiredTimers(entries, this.timerValues()), keys);
+      for (const [t, key] of due) this.host.timers.get(key)?.delete(t);
+      if (out.tag === 'err') {
+        const { index, error } = out.val;
+        const err = new Error(`handleExpiredTimers failed for key ${keys[index]}: ${error.val}`);
+        err.index = index;
+        err.processorError = error;
+        throw err;
+      }
+      for (const emitted of out.val) rows.push(...emitted.map((r) => parse(r)));
     }
     return rows;
   }
 
   /** The value of value state `name` for `key`, or `undefined`. */
   valueState(name, key) {
-    const e = this.data(name, 'value').get(JSON.stringify(key));
-    return this.host.live(e) ? JSON.parse(e.json) : undefined;
+    const e = this.data(name, 'value').get(stringify(key));
+    return this.host.live(e) ? parse(e.json) : undefined;
   }
 
   /** The elements of list state `name` for `key`. */
   listState(name, key) {
-    const list = this.data(name, 'list').get(JSON.stringify(key)) ?? [];
-    return list.filter((e) => this.host.live(e)).map((e) => JSON.parse(e.json));
+    const list = this.data(name, 'list').get(stringify(key)) ?? [];
+    return list.filter((e) => this.host.live(e)).map((e) => parse(e.json));
   }
 
   /** The entries of map state `name` for `key`, as `[userKey, value]` pairs in order. */
   mapState(name, key) {
-    const map = this.data(name, 'map').get(JSON.stringify(key)) ?? new Map();
+    const map = this.data(name, 'map').get(stringify(key)) ?? new Map();
     return [...map.entries()]
       .filter(([, e]) => this.host.live(e))
       .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))
-      .map(([, e]) => [JSON.parse(e.key), JSON.parse(e.json)]);
+      .map(([, e]) => [parse(e.key), parse(e.json)]);
   }
 
   /** The registered timers of `key`, ascending. */
   timers(key) {
-    return [...(this.host.timers.get(JSON.stringify(key)) ?? [])].sort((a, b) => a - b);
+    return [...(this.host.timers.get(stringify(key)) ?? [])].sort((a, b) => a - b);
   }
 
   data(name, kind) {

@@ -36,6 +36,22 @@ test('labels keys of any shape', async () => {
   assert.equal(h.valueState('count', ['u1', 7]), 2);
 });
 
+test('labels long keys beyond 2^53 exactly', async () => {
+  const h = await load();
+  assert.deepEqual(await h.handleInputRows([9223372036854775807n], rows(1)), [{ key: '9223372036854775807', count: 1 }]);
+  assert.deepEqual(await h.handleInputRows(['u1', -9223372036854775808n], rows(1)), [
+    { key: '["u1",-9223372036854775808]', count: 1 },
+  ]);
+});
+
+test('counts many keys in one batched call, as the host calls it', async () => {
+  const h = await load();
+  const out = await h.handleInputBatch([[['u1'], rows(2)], [['u2'], rows(1)], [['u1', 1], rows(3)]]);
+  assert.deepEqual(out, [[{ key: 'u1', count: 2 }], [{ key: 'u2', count: 1 }], [{ key: '["u1",1]', count: 3 }]]);
+  assert.equal(h.valueState('count', ['u1']), 2);
+  assert.equal(h.valueState('count', ['u2']), 1);
+});
+
 test('state survives a restart', async () => {
   const h = await load();
   await h.handleInputRows(['u1'], rows(2));

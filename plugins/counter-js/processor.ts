@@ -19,6 +19,7 @@ import {
   type MapState,
   type Row,
   StatefulProcessor,
+  stringifyJson,
   type TimerValues,
   type ValueState,
 } from '@statebox/sdk';
@@ -46,13 +47,14 @@ const CALLS: StatName = { name: 'calls' };
 
 /**
  * The label of a key in the output: a single string column as is, any other single column as
- * its JSON text, several columns as the key's JSON array text.
+ * its JSON text, several columns as the key's JSON array text. (`stringifyJson` writes a `long`
+ * beyond 2^53, a `bigint`, exactly, where `JSON.stringify` would throw.)
  */
 function keyLabel(key: Key): string {
   if (key.length === 1) {
-    return typeof key[0] === 'string' ? key[0] : JSON.stringify(key[0]);
+    return typeof key[0] === 'string' ? key[0] : stringifyJson(key[0])!;
   }
-  return JSON.stringify(key);
+  return stringifyJson(key)!;
 }
 
 export default class Counter extends StatefulProcessor<Row, KeyCount> {

@@ -11,6 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use statebox_engine::EngineError;
 use statebox_runtime::Limits;
 use statebox_tests::{EngineQuery, Rng, Scratch, component_cache, guests, statebox_bin};
 
@@ -455,4 +456,235 @@ fn node_unit_tests_pass() {
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(stdout.contains("# fail 0"), "{stdout}");
+}
+
+/// The `batch-ops` test processor (`guest-sdk/js/tests/batch-ops`): a `long` key `k`, one
+/// operation per row.
+fn batch_ops() -> String {
+    build(&root().join("guest-sdk/js/tests/batch-ops"))
+        .expect("batch-ops builds")
+        .display()
+        .to_string()
+}
+
+/// The longs that do not fit a JS number: 2^53 + 1, i64::MIN and i64::MAX.
+const BIG: [i64; 3] = [9_007_199_254_740_993, i64::MIN, i64::MAX];
+
+fn ops_row(k: i64, op: &str, n: Option<i64>) -> Value {
+    match n {
+        Some(n) => json!({"k": k, "op": op, "n": n}),
+        None => json!({"k": k, "op": op}),
+    }
+}
+
+/// Output rows of key `k` and operation `op`, as `(n, result)`.
+fn of(rows: &[Value], k: i64, op: &str) -> Vec<(Value, String)> {
+    rows.iter()
+        .filter(|r| r["k"] == json!(k) && r["op"] == op)
+        .map(|r| {
+            (
+                r["n"].clone(),
+                r["result"].as_str().expect("a result").to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Longs beyond 2^53 reach a JS processor exactly (as `bigint`s) in keys and rows, come back
+/// exactly from value, list and map state (keys and values), and are emitted exactly; safe
+/// integers stay numbers. Many keys per batch go through the batched export.
+#[test]
+fn js_longs_beyond_2_53_round_trip_exactly() {
+    let wasm = batch_ops();
+    let mut query = EngineQuery::open(&wasm, "k", 2, Limits::default());
+    let mut rows = Vec::new();
+    for &k in &BIG {
+        for &n in &BIG {
+            rows.push(ops_row(k, "store", Some(n)));
+        }
+    }
+    // Enough other keys that a call carries many of them.
+    for k in 0..300 {
+        rows.push(ops_row(k, "store", Some(k * 3)));
+    }
+    rows.push(ops_row(5, "store", Some(9_007_199_254_740_991)));
+    let out = query.batch(&rows);
+    assert_eq!(out.len(), rows.len());
+    for &k in &BIG {
+        let expected: Vec<_> = BIG
+            .iter()
+            .map(|&n| (json!(n), "bigint".to_owned()))
+            .collect();
+        assert_eq!(of(&out, k, "store"), expected, "key {k}");
+    }
+    assert_eq!(
+        of(&out, 5, "store"),
+        vec![
+            (json!(15), "number".to_owned()),
+            (json!(9_007_199_254_740_991i64), "number".to_owned())
+        ]
+    );
+
+    // Read back in the next batch, after a restart (nothing cached in the instance).
+    query.reopen();
+    let read: Vec<Value> = BIG.iter().map(|&k| ops_row(k, "read", None)).collect();
+    let out = query.batch(&read);
+    let mut by_canonical = BIG.to_vec();
+    by_canonical.sort_by_key(|n| n.to_string());
+    for &k in &BIG {
+        let bigints = |ns: &[i64]| -> Vec<(Value, String)> {
+            ns.iter()
+                .map(|&n| (json!(n), "bigint".to_owned()))
+                .collect()
+        };
+        assert_eq!(of(&out, k, "value"), bigints(&[i64::MAX]), "key {k}");
+        assert_eq!(of(&out, k, "list"), bigints(&BIG), "key {k}");
+        let mut map_keys = of(&out, k, "map-key");
+        map_keys.sort_by_key(|(n, _)| n.as_i64());
+        let mut sorted_big = BIG.to_vec();
+        sorted_big.sort();
+        assert_eq!(map_keys, bigints(&sorted_big), "key {k}");
+        let mut map_values = of(&out, k, "map-value");
+        map_values.sort_by_key(|(n, _)| n.as_i64());
+        assert_eq!(map_values, bigints(&sorted_big), "key {k}");
+    }
+    // The state as the host stored it: exact.
+    let state = state_rows(&query.scratch.checkpoint(), "last");
+    for &k in &BIG {
+        let row = state
+            .iter()
+            .find(|r| r["key"] == json!({"k": k}))
+            .unwrap_or_else(|| panic!("no state row for key {k}: {state:?}"));
+        assert_eq!(row["value"], json!(i64::MAX), "{row}");
+    }
+}
+
+/// `handle.getQueryInfo()`: the query id stays across restarts, the run id changes with each
+/// start, the batch id is the batch in progress.
+#[test]
+fn js_get_query_info() {
+    let wasm = batch_ops();
+    let mut query = EngineQuery::open(&wasm, "k", 2, Limits::default());
+    let info = |query: &mut EngineQuery| -> (Value, Value) {
+        let out = query.batch(&[ops_row(1, "info", None), ops_row(2, "info", None)]);
+        let one = of(&out, 1, "info");
+        let two = of(&out, 2, "info");
+        assert_eq!(one.len(), 1, "{out:?}");
+        assert_eq!(one, two, "every key sees the same query info");
+        let (n, result) = one.into_iter().next().expect("one row");
+        let result: Value = serde_json::from_str(&result).expect("JSON");
+        assert_eq!(result["batchId"], n);
+        assert_eq!(result["type"], "number");
+        (n, result)
+    };
+    let (b0, first) = info(&mut query);
+    let (b1, second) = info(&mut query);
+    assert_eq!(
+        b1.as_u64(),
+        b0.as_u64().map(|b| b + 1),
+        "consecutive batches"
+    );
+    assert_eq!(first["queryId"], second["queryId"]);
+    assert_eq!(first["runId"], second["runId"]);
+    assert!(
+        first["queryId"].as_str().is_some_and(|s| !s.is_empty()),
+        "{first}"
+    );
+    query.reopen();
+    let (b2, third) = info(&mut query);
+    assert_eq!(b2.as_u64(), b1.as_u64().map(|b| b + 1));
+    assert_eq!(
+        third["queryId"], first["queryId"],
+        "the query id survives a restart"
+    );
+    assert_ne!(third["runId"], first["runId"], "a restart is a new run");
+}
+
+/// A throw for one key of a batched call fails the batch naming that key and the JS error;
+/// nothing of the batch is visible.
+#[test]
+fn js_a_failing_key_in_a_batched_call_is_named() {
+    let wasm = batch_ops();
+    let mut query = EngineQuery::open(&wasm, "k", 1, Limits::default());
+    let mut rows: Vec<Value> = (0..200).map(|k| ops_row(k, "store", Some(k))).collect();
+    rows.insert(120, ops_row(i64::MIN, "fail", None));
+    let err = match query.try_batch(&rows) {
+        Err(EngineError::Processor(e)) => {
+            assert_eq!(e.processor, "js-batch-ops");
+            assert_eq!(e.key.as_deref(), Some("[-9223372036854775808]"), "{e}");
+            e.to_string()
+        }
+        Err(e) => panic!("expected a processor error, got {e}"),
+        Ok(_) => panic!("the batch should fail"),
+    };
+    assert!(err.contains("[-9223372036854775808]"), "{err}");
+    assert!(
+        err.contains("RangeError: cannot handle key -9223372036854775808"),
+        "{err}"
+    );
+    assert!(err.contains("processor.ts:"), "{err}");
+    assert!(query.scratch.output_rows().is_empty());
+    // Without the failing row the batch runs.
+    rows.remove(120);
+    query.rewrite_last(&rows);
+    let out = query.run_available().expect("the batch runs").1;
+    assert_eq!(out.len(), 200);
+}
+
+/// Abandoning an iteration (`break`, a throw) frees the host's iterator at once: the next
+/// iterator gets the same handle. Iterating again afterwards works; an iterator kept past its
+/// call is freed when the call ends and refused with `invalid-use`.
+#[test]
+fn js_breaking_out_of_an_iteration_frees_it() {
+    let wasm = batch_ops();
+    let mut query = EngineQuery::open(&wasm, "k", 1, Limits::default());
+    query.batch(&[
+        ops_row(1, "store", Some(i64::MAX)),
+        json!({"k": 1, "op": "many", "m": 600}),
+        ops_row(2, "store", Some(1)),
+    ]);
+    let out = query.batch(&[
+        json!({"k": 1, "op": "break"}),
+        json!({"k": 2, "op": "break"}),
+    ]);
+    let (count, result) = of(&out, 1, "break")
+        .into_iter()
+        .next()
+        .expect("a break row");
+    assert_eq!(count, json!(601));
+    let result: Value = serde_json::from_str(&result).expect("JSON");
+    let max = i64::MAX.to_string();
+    assert_eq!(
+        result["firsts"],
+        json!([[max, "0"], [max, "0"], [max, "0"]]),
+        "{result}"
+    );
+    assert_eq!(result["mapSize"], 1);
+    assert_eq!(result["sameHandle"], true, "{result}");
+    let (count, _) = of(&out, 2, "break")
+        .into_iter()
+        .next()
+        .expect("a break row");
+    assert_eq!(count, json!(1));
+
+    // A half-read iterator kept past its call (never finished or abandoned through the
+    // iterator protocol) is freed when the call ends: the next call's first iterator reuses
+    // its handle, and using it throws `invalid-use`.
+    let out = query.batch(&[json!({"k": 1, "op": "stash"})]);
+    let (first, stashed_handle) = of(&out, 1, "stash")
+        .into_iter()
+        .next()
+        .expect("a stash row");
+    assert_eq!(first, json!(i64::MAX));
+    let out = query.batch(&[
+        json!({"k": 1, "op": "use-stashed"}),
+        json!({"k": 1, "op": "break"}),
+    ]);
+    assert_eq!(of(&out, 1, "use-stashed")[0].1, "invalid-use");
+    let (_, result) = of(&out, 1, "break")
+        .into_iter()
+        .next()
+        .expect("a break row");
+    let result: Value = serde_json::from_str(&result).expect("JSON");
+    assert_eq!(result["handles"][0], json!(stashed_handle), "{result}");
 }

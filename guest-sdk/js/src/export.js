@@ -1,15 +1,20 @@
-// The glue between a processor and the component's `processor` export. `build.mjs` generates
-// an entry module that imports the user's processor and exports
-// `processor = exportProcessor(userDefault)`; componentize-js binds that object's camelCase
-// functions to the WIT `statebox:processor/processor@0.1.0` interface.
+// The glue between a processor and the component's exports. `build.mjs` generates an entry
+// module that imports the user's processor and exports the two objects
+// `exportProcessor(userDefault)` returns: `processor` and `batchProcessor`, whose camelCase
+// functions componentize-js binds to the WIT interfaces `statebox:processor/processor@0.1.0`
+// (describe, init, initial state, close; single-key calls) and `batch-processor` (input rows
+// and expired timers of many keys per call, the throughput path).
 //
-// Everything here turns JS conventions into the WIT's: JSON text in and out, `s64` as
-// BigInt, and every exception into a `processor-error` carrying the JS error and its stack
-// (mapped back to the user's source file and line), so a throw fails the batch with a
-// readable reason instead of trapping the instance.
+// Everything here turns JS conventions into the WIT's: JSON text in and out (with exact
+// 64-bit integers, `json.js`), `s64` as BigInt, and every exception into a `processor-error`
+// carrying the JS error and its stack (mapped back to the user's source file and line), so a
+// throw fails the batch with a readable reason instead of trapping the instance. In a batched
+// call the error also names the entry (`batch-error`).
 
 import { describeError } from './errors.js';
-import { ExpiredTimerInfo, Handle, TimerValues, log } from './index.js';
+import { ExpiredTimerInfo, Handle, TimerValues, endCall, log } from './index.js';
+import { parse, stringify } from './json.js';
+import { useKey } from 'statebox:processor/keys@0.1.0';
 
 /** Set once the host has called in: imports cannot be called while the build snapshots the module. */
 let live = false;
@@ -68,6 +73,8 @@ function failed(message) {
   return { tag: 'err', val: { tag: 'failed', val: message } };
 }
 
+const OK = { tag: 'ok', val: undefined };
+
 function isThenable(value) {
   return value !== null && (typeof value === 'object' || typeof value === 'function') && typeof value.then === 'function';
 }
@@ -78,19 +85,26 @@ function isThenable(value) {
  * adds the processor, the function and the key).
  */
 function run(call, finish) {
-  const fail = (err) => failed(describeError(err));
+  const fail = (err) => {
+    endCall();
+    return failed(describeError(err));
+  };
   try {
     const value = call();
     if (isThenable(value)) {
       return value.then((v) => {
         try {
-          return finish(v);
+          const result = finish(v);
+          endCall();
+          return result;
         } catch (err) {
           return fail(err);
         }
       }, fail);
     }
-    return finish(value);
+    const result = finish(value);
+    endCall();
+    return result;
   } catch (err) {
     return fail(err);
   }
@@ -109,10 +123,10 @@ function encodeRows(name, returned) {
   for (const row of returned) {
     if (row === null || typeof row !== 'object' || Array.isArray(row)) {
       throw new TypeError(
-        `output row ${out.length} is not an object: ${JSON.stringify(row) ?? String(row)}`,
+        `output row ${out.length} is not an object: ${stringify(row) ?? String(row)}`,
       );
     }
-    out.push(JSON.stringify(row));
+    out.push(stringify(row));
   }
   return out;
 }
@@ -125,7 +139,7 @@ function encodeRows(name, returned) {
 function parseRows(rows) {
   if (rows.length === 0) return [];
   try {
-    const parsed = JSON.parse(`[${rows.join(',')}]`);
+    const parsed = parse(`[${rows.join(',')}]`);
     if (parsed.length === rows.length) return parsed;
   } catch {
     // Find the row below.
@@ -133,12 +147,102 @@ function parseRows(rows) {
   const parsed = new Array(rows.length);
   for (let i = 0; i < rows.length; i++) {
     try {
-      parsed[i] = JSON.parse(rows[i]);
+      parsed[i] = parse(rows[i]);
     } catch (err) {
       return { tag: 'err', val: { tag: 'bad-input-row', val: { index: i, message: err.message } } };
     }
   }
   return parsed;
+}
+
+/** The keys of a batched call's entries, parsed at once (one `JSON.parse` for the call). */
+function parseKeys(entries) {
+  const keys = new Array(entries.length);
+  for (let i = 0; i < entries.length; i++) keys[i] = entries[i].key;
+  return parse(`[${keys.join(',')}]`);
+}
+
+/** A failed entry of a batched call. */
+function batchError(index, error) {
+  return { tag: 'err', val: { index, error } };
+}
+
+/** Selects entry `index` of the batched call in progress as the current key. */
+function selectKey(index) {
+  try {
+    useKey(index);
+  } catch (err) {
+    const payload = err?.payload;
+    const reason = payload ? `${payload.kind}: ${payload.message}` : describeError(err);
+    throw new Error(`the host refused to select entry ${index} of the batched call: ${reason}`);
+  }
+}
+
+/**
+ * Runs a batched call's entries in order: for each, `start(i)` selects its key and calls the
+ * handler, and `finish(i, returned)` encodes what it returned (a generator runs here), both
+ * while the entry's key is selected. A handler that returns a promise is awaited before the
+ * next entry starts, so each key's state operations see only that key. A throw (or a `start`
+ * that returns a `processor-error` value: a bad input row) fails the call naming the entry.
+ */
+function runBatch(count, start, finish) {
+  const out = new Array(count);
+  for (let i = 0; i < count; i++) {
+    let returned;
+    try {
+      returned = start(i);
+      if (isThenable(returned)) return finishAsync(out, i, returned, count, start, finish);
+      if (returned instanceof EntryError) {
+        endCall();
+        return batchError(i, returned.error);
+      }
+      out[i] = finish(i, returned);
+      endCall();
+    } catch (err) {
+      endCall();
+      return batchError(i, { tag: 'failed', val: describeError(err) });
+    }
+  }
+  return { tag: 'ok', val: out };
+}
+
+/** The rest of `runBatch` once a handler returned a promise. */
+async function finishAsync(out, i, pending, count, start, finish) {
+  for (;;) {
+    try {
+      out[i] = finish(i, await pending);
+      endCall();
+    } catch (err) {
+      endCall();
+      return batchError(i, { tag: 'failed', val: describeError(err) });
+    }
+    for (i += 1; i < count; i++) {
+      try {
+        const returned = start(i);
+        if (isThenable(returned)) {
+          pending = returned;
+          break;
+        }
+        if (returned instanceof EntryError) {
+          endCall();
+          return batchError(i, returned.error);
+        }
+        out[i] = finish(i, returned);
+        endCall();
+      } catch (err) {
+        endCall();
+        return batchError(i, { tag: 'failed', val: describeError(err) });
+      }
+    }
+    if (i >= count) return { tag: 'ok', val: out };
+  }
+}
+
+/** A `processor-error` of one entry that is not a throw (a bad input row). */
+class EntryError {
+  constructor(error) {
+    this.error = error;
+  }
 }
 
 function timerValues(tv) {
@@ -174,7 +278,57 @@ export function exportProcessor(definition) {
     return instance;
   }
 
-  return {
+  const encode = (returned) => encodeRows(info.name, returned);
+
+  const batchProcessor = {
+    handleInputBatch(groups, tv) {
+      let p;
+      let keys;
+      try {
+        p = processorFor('handleInputBatch');
+        keys = parseKeys(groups);
+      } catch (err) {
+        return batchError(0, { tag: 'failed', val: describeError(err) });
+      }
+      const timers = timerValues(tv);
+      return runBatch(
+        groups.length,
+        (i) => {
+          const rows = parseRows(groups[i].rows);
+          if (!Array.isArray(rows)) return new EntryError(rows.val);
+          selectKey(i);
+          return p.handleInputRows(keys[i], rows, timers);
+        },
+        (_i, returned) => encode(returned),
+      );
+    },
+
+    handleExpiredTimers(entries, tv) {
+      let p;
+      let keys;
+      try {
+        p = processorFor('handleExpiredTimers');
+        if (typeof p.handleExpiredTimer !== 'function') {
+          return { tag: 'ok', val: Array.from(entries, () => []) };
+        }
+        keys = parseKeys(entries);
+      } catch (err) {
+        return batchError(0, { tag: 'failed', val: describeError(err) });
+      }
+      const timers = timerValues(tv);
+      return runBatch(
+        entries.length,
+        (i) => {
+          selectKey(i);
+          const expired = new ExpiredTimerInfo(Number(entries[i].expiredTimerInfo.expiryTimeMs));
+          return p.handleExpiredTimer(keys[i], timers, expired);
+        },
+        (_i, returned) => encode(returned),
+      );
+    },
+  };
+
+  const processor = {
     describe() {
       return info;
     },
@@ -190,7 +344,7 @@ export function exportProcessor(definition) {
         },
         (created) => {
           instance = created;
-          return { tag: 'ok', val: undefined };
+          return OK;
         },
       );
     },
@@ -199,8 +353,8 @@ export function exportProcessor(definition) {
       const parsed = parseRows(rows);
       if (!Array.isArray(parsed)) return parsed;
       return run(
-        () => processorFor('handleInputRows').handleInputRows(JSON.parse(key), parsed, timerValues(tv)),
-        (returned) => ({ tag: 'ok', val: encodeRows(info.name, returned) }),
+        () => processorFor('handleInputRows').handleInputRows(parse(key), parsed, timerValues(tv)),
+        (returned) => ({ tag: 'ok', val: encode(returned) }),
       );
     },
 
@@ -210,12 +364,12 @@ export function exportProcessor(definition) {
           const p = processorFor('handleExpiredTimer');
           if (typeof p.handleExpiredTimer !== 'function') return [];
           return p.handleExpiredTimer(
-            JSON.parse(key),
+            parse(key),
             timerValues(tv),
             new ExpiredTimerInfo(Number(expired.expiryTimeMs)),
           );
         },
-        (returned) => ({ tag: 'ok', val: encodeRows(info.name, returned) }),
+        (returned) => ({ tag: 'ok', val: encode(returned) }),
       );
     },
 
@@ -228,20 +382,22 @@ export function exportProcessor(definition) {
               `processor \`${info.name}\` does not accept initial state (it has no handleInitialState method)`,
             );
           }
-          return p.handleInitialState(JSON.parse(key), JSON.parse(initialState), timerValues(tv));
+          return p.handleInitialState(parse(key), parse(initialState), timerValues(tv));
         },
-        () => ({ tag: 'ok', val: undefined }),
+        () => OK,
       );
     },
 
     close() {
       const p = instance;
       instance = null;
-      if (p === null || typeof p.close !== 'function') return { tag: 'ok', val: undefined };
+      if (p === null || typeof p.close !== 'function') return OK;
       return run(
         () => p.close(),
-        () => ({ tag: 'ok', val: undefined }),
+        () => OK,
       );
     },
   };
+
+  return { processor, batchProcessor };
 }

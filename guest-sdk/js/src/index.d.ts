@@ -6,16 +6,31 @@
 // JSON is the wire format: rows are plain objects, grouping keys are arrays of the key
 // columns' values, and state values are whatever `JSON.stringify` makes of them. The host
 // checks every value against the Spark DDL schema its variable was declared with (`"long"`,
-// `"name string, visits int"`, `"array<string>"`, ...). A `long` beyond 2^53 loses precision
-// as a JS number.
+// `"name string, visits int"`, `"array<string>"`, ...). Integers outside
+// ±Number.MAX_SAFE_INTEGER (a `long` beyond ±(2^53 - 1)) are `bigint`s, exactly: in rows, keys
+// and state values read back; a `bigint` is written as a plain JSON integer.
 
-/** A JSON value: what rows, keys and state values are made of. */
-export type Json = null | boolean | number | string | Json[] | { [field: string]: Json };
+/**
+ * A JSON value: what rows, keys and state values are made of. An integer literal outside
+ * ±Number.MAX_SAFE_INTEGER (2^53 - 1) is a `bigint` holding its exact value (safe integers and
+ * numbers with a fraction or exponent are `number`s), and a `bigint` is written as a JSON
+ * integer. So a Spark `long` is `number | bigint`; `typeof v === 'bigint'` tells which.
+ */
+export type Json = null | boolean | number | bigint | string | Json[] | { [field: string]: Json };
+
+/**
+ * A Spark `long`: a `number` when within ±Number.MAX_SAFE_INTEGER, else an exact `bigint`.
+ * Either may be stored or emitted.
+ */
+export type Long = number | bigint;
 
 /** One row: a JSON object. */
 export type Row = { [column: string]: any };
 
-/** The grouping key of a call: the values of the query's key columns, in order, e.g. `["u1"]`. */
+/**
+ * The grouping key of a call: the values of the query's key columns, in order, e.g. `["u1"]`
+ * (a `long` column beyond ±(2^53 - 1) is a `bigint`).
+ */
 export type Key = any[];
 
 /** How time advances for a query, fixed when its checkpoint is created. */
@@ -58,6 +73,12 @@ export interface StateOptions {
 export interface StateIterator<T> extends IterableIterator<T> {
   /** Collects the remaining items into an array. */
   toArray(): T[];
+  /**
+   * Abandons the iterator and frees the host's iterator at once. `for ... of` calls it when the
+   * loop ends early (`break`, `return`, a throw); an iterator left half-read otherwise is freed
+   * when the handler call ends.
+   */
+  return(value?: any): IteratorResult<T, any>;
 }
 
 /** A single value per grouping key. Mirrors Spark's `ValueState`. */
@@ -150,6 +171,28 @@ export declare class Handle {
   deleteTimer(expiryMs: number): void;
   /** The current key's registered timers in milliseconds, ascending. */
   listTimers(): number[];
+  /** The query and batch this call runs in (Spark's `getQueryInfo()`). */
+  getQueryInfo(): QueryInfo;
+}
+
+/** Identifies the query and batch a processor runs in. Mirrors Spark's `QueryInfo`. */
+export declare class QueryInfo {
+  private constructor();
+  /** The query's id: fixed when its checkpoint is created, the same across restarts. */
+  readonly queryId: string;
+  /** This run's id: new each time the query is started. */
+  readonly runId: string;
+  /**
+   * The id of the batch in progress (0 outside a batch), a `number`: exact up to 2^53 - 1
+   * batches (the host's `u64`).
+   */
+  readonly batchId: number;
+  /** Spark's name for `queryId`. */
+  getQueryId(): string;
+  /** Spark's name for `runId`. */
+  getRunId(): string;
+  /** Spark's name for `batchId`. */
+  getBatchId(): number;
 }
 
 /** The times a handler call may consult, identical for every call of a batch and on replay. */
@@ -231,6 +274,18 @@ export declare abstract class StatefulProcessor<I extends Row = Row, O extends R
   ): Emitted<O> | Promise<Emitted<O>>;
   close(): void | Promise<void>;
 }
+
+/**
+ * Parses JSON text as the SDK does: integers outside ±Number.MAX_SAFE_INTEGER become exact
+ * `bigint`s, every other number a `number`.
+ */
+export declare function parseJson(text: string): Json;
+
+/**
+ * `JSON.stringify` that writes a `bigint` as a plain JSON integer (where `JSON.stringify`
+ * throws a `TypeError`), as the SDK writes rows and state values.
+ */
+export declare function stringifyJson(value: unknown): string | undefined;
 
 /** Logging to the host (recorded as `tracing` events tagged with the processor). `console.*` goes here too. */
 export declare const log: {

@@ -7,7 +7,8 @@
 //
 // Rows, keys and state values cross the boundary as compact JSON text: rows are plain
 // objects, keys are arrays of the key columns' values, and the host checks every value
-// against the Spark DDL schema its variable was declared with.
+// against the Spark DDL schema its variable was declared with. Integers outside
+// ±Number.MAX_SAFE_INTEGER (a `long` beyond 2^53) are `BigInt`s, both ways (`json.js`).
 //
 // This file is the public facade. The raw WIT imports are reached only here and in
 // `export.js`; processors never see them.
@@ -15,6 +16,13 @@
 import * as wit from 'statebox:processor/handle@0.1.0';
 import { log as witLog } from 'statebox:processor/log@0.1.0';
 import { formatArgs } from './errors.js';
+import { parse, stringify } from './json.js';
+
+/**
+ * JSON as the SDK reads and writes it: `parseJson` makes integers beyond ±(2^53 - 1) `BigInt`s,
+ * `stringifyJson` writes `BigInt`s as JSON integers (where `JSON.stringify` throws).
+ */
+export { parse as parseJson, stringify as stringifyJson };
 
 /** How many items an iterator fetches from the host per page. */
 const PAGE_SIZE = 256;
@@ -60,7 +68,7 @@ function host(call) {
 export function encode(value, name, role) {
   let json;
   try {
-    json = JSON.stringify(value);
+    json = stringify(value);
   } catch (err) {
     throw new TypeError(`cannot encode the ${role} of \`${name}\` as JSON: ${err.message}`);
   }
@@ -81,6 +89,24 @@ function encodeAll(values, name) {
 }
 
 /**
+ * The iterators opened during the handler call in progress and maybe not yet released. An
+ * iterator frees its host resource when it is exhausted or abandoned (`return()`, which
+ * `for ... of` calls on `break`, `return` or a throw); `endCall` frees the rest (an iterator
+ * left half-read) when the call ends, since the host refuses them afterwards anyway.
+ */
+const open = [];
+
+/**
+ * Frees every iterator of the call that just ended (the glue in `export.js` calls it after
+ * each key's handler). Using one afterwards throws `invalid-use`, as the host would.
+ * @internal
+ */
+export function endCall() {
+  for (let i = 0; i < open.length; i++) open[i].expire();
+  open.length = 0;
+}
+
+/**
  * A lazy iterator over one of the host's paged iterators (list elements, map keys, values or
  * entries). It fetches `PAGE_SIZE` items per call to the host and decodes each as it is
  * yielded, so a list of a million elements is never in guest memory at once. Valid only
@@ -92,6 +118,8 @@ class PagedIterator {
     this.decode = decode;
     this.page = [];
     this.index = 0;
+    this.expired = false;
+    open.push(this);
   }
 
   [Symbol.iterator]() {
@@ -101,6 +129,9 @@ class PagedIterator {
   next() {
     while (this.index >= this.page.length) {
       if (this.source === null) {
+        if (this.expired) {
+          throw new StateError('invalid-use', 'an iterator was used after the call that created it returned');
+        }
         return { done: true, value: undefined };
       }
       const page = host(() => this.source.nextPage(PAGE_SIZE));
@@ -117,11 +148,15 @@ class PagedIterator {
     return { done: false, value: this.decode(item) };
   }
 
-  /** Called by `for ... of` when the loop ends early: frees the host's iterator at once. */
-  return() {
+  /**
+   * Called by `for ... of` when the loop ends early (`break`, `return`, a throw), and by
+   * destructuring: frees the host's iterator at once.
+   */
+  return(value) {
     this.release();
     this.page = [];
-    return { done: true, value: undefined };
+    this.index = 0;
+    return { done: true, value };
   }
 
   /** Collects the remaining items into an array. */
@@ -129,13 +164,31 @@ class PagedIterator {
     return Array.from(this);
   }
 
+  /** Frees the host's iterator now (`using it = list.get()` calls this too). */
+  [DISPOSE]() {
+    this.return();
+  }
+
   release() {
     const source = this.source;
+    if (source === null) return;
     this.source = null;
-    const dispose = source && source[DISPOSE];
+    // Iterators are mostly finished in the order they were opened; the rest are dropped by
+    // `endCall`.
+    if (open[open.length - 1] === this) open.pop();
+    const dispose = source[DISPOSE];
     if (typeof dispose === 'function') {
       dispose.call(source);
     }
+  }
+
+  /** The call that made the iterator ended. */
+  expire() {
+    if (this.source === null) return;
+    this.release();
+    this.page = [];
+    this.index = 0;
+    this.expired = true;
   }
 }
 
@@ -164,7 +217,7 @@ export class ValueState {
     } catch (err) {
       throw lift(err);
     }
-    return json === undefined ? undefined : JSON.parse(json);
+    return json === undefined ? undefined : parse(json);
   }
 
   /** Replaces the current key's value, restarting its TTL. */
@@ -209,7 +262,7 @@ export class ListState {
 
   /** The current key's list in insertion order, as a lazy iterable. */
   get() {
-    return new PagedIterator(host(() => this.resource.get()), JSON.parse);
+    return new PagedIterator(host(() => this.resource.get()), parse);
   }
 
   /** Replaces the whole list, restarting every element's TTL. Empty lists are refused. */
@@ -253,7 +306,7 @@ export class ListState {
 }
 
 function decodeEntry(entry) {
-  return [JSON.parse(entry.key), JSON.parse(entry.value)];
+  return [parse(entry.key), parse(entry.value)];
 }
 
 /**
@@ -285,7 +338,7 @@ export class MapState {
     } catch (err) {
       throw lift(err);
     }
-    return json === undefined ? undefined : JSON.parse(json);
+    return json === undefined ? undefined : parse(json);
   }
 
   /** Whether `userKey` is present. */
@@ -326,12 +379,12 @@ export class MapState {
 
   /** The current key's user keys, lazily, in order. */
   keys() {
-    return new PagedIterator(host(() => this.resource.keys()), JSON.parse);
+    return new PagedIterator(host(() => this.resource.keys()), parse);
   }
 
   /** The current key's values, lazily, in user-key order. */
   values() {
-    return new PagedIterator(host(() => this.resource.values()), JSON.parse);
+    return new PagedIterator(host(() => this.resource.values()), parse);
   }
 
   /** Removes every entry of the current key; other keys are untouched. */
@@ -445,6 +498,44 @@ export class Handle {
   listTimers() {
     // The bindings return a BigInt64Array.
     return Array.from(host(() => wit.listTimers()), Number);
+  }
+
+  /**
+   * The query and batch this call runs in, like Spark's `getQueryInfo()`: `queryId` (fixed
+   * when the checkpoint was created), `runId` (new on each start of the query) and `batchId`
+   * (the batch in progress, 0 outside a batch), a number.
+   */
+  getQueryInfo() {
+    const info = wit.getQueryInfo();
+    return new QueryInfo(info.queryId, info.runId, Number(info.batchId));
+  }
+}
+
+/** The query and batch a call runs in. Mirrors Spark's `QueryInfo`. */
+export class QueryInfo {
+  /** @internal */
+  constructor(queryId, runId, batchId) {
+    /** The query's id: fixed when its checkpoint is created, the same across restarts. */
+    this.queryId = queryId;
+    /** This run's id: new each time the query is started. */
+    this.runId = runId;
+    /** The id of the batch in progress (0 outside a batch). */
+    this.batchId = batchId;
+  }
+
+  /** Spark's name for `queryId`. */
+  getQueryId() {
+    return this.queryId;
+  }
+
+  /** Spark's name for `runId`. */
+  getRunId() {
+    return this.runId;
+  }
+
+  /** Spark's name for `batchId`. */
+  getBatchId() {
+    return this.batchId;
   }
 }
 
