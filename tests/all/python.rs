@@ -1,6 +1,9 @@
 //! The Python SDK (`guest-sdk/python`) through `statebox build-python`: errors in the user's
 //! Python reported with file and line at build time, or with the Python traceback at `init`
-//! and in handlers; and the cold start of a Python component (size, first call).
+//! and in handlers; the cold start of a Python component (size, first call); and the batched
+//! export: an async processor's keys interleaving within one call with each key's state its
+//! own, `getQueryInfo`, and a batched call's failure naming its key (or bad row's line). The
+//! test processors are under `guest-sdk/python/tests/`.
 //!
 //! The example Python plugins and the sync/async swap on one checkpoint are scenario files
 //! (`tests/scenarios/*-py.json`, run by `scenarios.rs`).
@@ -339,5 +342,163 @@ fn the_sdks_python_unit_tests_pass() {
         String::from_utf8_lossy(&out.stderr).contains("\nOK"),
         "{}",
         text(&out)
+    );
+}
+
+/// Builds the test processor `guest-sdk/python/tests/<name>/processor.py` into a component
+/// in `dir`; returns the component's path.
+fn build_test_processor(name: &str, dir: &Path) -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root");
+    let source = root.join(format!("guest-sdk/python/tests/{name}/processor.py"));
+    let wasm = dir.join(format!("{name}.wasm"));
+    let out = build_python(&source, &wasm);
+    assert!(out.status.success(), "{}", text(&out));
+    wasm.display().to_string()
+}
+
+/// The output rows by their `key` column (`field`), panicking on a duplicate.
+fn by_key<'a>(
+    rows: &'a [serde_json::Value],
+    field: &str,
+) -> std::collections::BTreeMap<String, &'a serde_json::Value> {
+    let mut out = std::collections::BTreeMap::new();
+    for row in rows {
+        let key = row[field].as_str().expect("a string key").to_owned();
+        assert!(
+            out.insert(key, row).is_none(),
+            "two rows for one key: {rows:?}"
+        );
+    }
+    out
+}
+
+#[test]
+fn an_async_processors_keys_interleave_in_a_batch_and_keep_their_own_state() {
+    let dir = tempfile::tempdir().expect("create a temporary directory");
+    let wasm = build_test_processor("async-interleave-py", dir.path());
+    // One partition: every key of a batch goes to the processor in one batched call.
+    let mut q = EngineQuery::open(&wasm, "k", 1, Limits::default());
+    let keys = ["a", "b", "c", "d", "e"];
+    let mut input = Vec::new();
+    for (i, key) in keys.iter().enumerate() {
+        let n = i as i64 + 1;
+        for _ in 0..n {
+            input.push(json!({"k": key, "n": n}));
+        }
+    }
+    for round in 1..=2i64 {
+        let out = q.batch(&input);
+        let rows = by_key(&out, "key");
+        assert_eq!(rows.len(), keys.len(), "{out:?}");
+        for (i, key) in keys.iter().enumerate() {
+            let row = rows[*key];
+            // Key i has i + 1 rows of n = i + 1 per batch.
+            let n = (i as i64 + 1) * (i as i64 + 1);
+            assert_eq!(row["total"], json!(round * n), "{key}: {row}");
+            assert_eq!(
+                row["seen"],
+                json!(vec![*key; round as usize].join(",")),
+                "{key}: {row}"
+            );
+            assert_eq!(
+                row["parts"],
+                json!(format!("a={},b={}", round * n, 2 * round * n)),
+                "{key}: {row}"
+            );
+        }
+        // Every handler started before any handler finished: the keys interleaved.
+        let last_start = out.iter().map(|r| r["first"].as_i64().unwrap()).max();
+        let first_end = out.iter().map(|r| r["last"].as_i64().unwrap()).min();
+        assert!(
+            last_start < first_end,
+            "the keys' handlers ran one after another, not interleaved: {out:?}"
+        );
+    }
+}
+
+#[test]
+fn get_query_info_names_the_query_across_restarts_and_the_batch() {
+    let dir = tempfile::tempdir().expect("create a temporary directory");
+    let wasm = build_test_processor("query-info-py", dir.path());
+    let mut q = EngineQuery::open(&wasm, "k", 2, Limits::default());
+    let input = [json!({"k": "a"}), json!({"k": "b"}), json!({"k": "c"})];
+    let mut seen = Vec::new();
+    for restart in [false, false, true] {
+        if restart {
+            q.reopen();
+        }
+        let (reports, out) = q.try_batch(&input).expect("batch");
+        assert_eq!(reports.len(), 1);
+        let batch_id = reports[0].commit.batch_id;
+        assert_eq!(out.len(), input.len(), "{out:?}");
+        let query_id = out[0]["query_id"].as_str().expect("a query id").to_owned();
+        let run_id = out[0]["run_id"].as_str().expect("a run id").to_owned();
+        assert!(!query_id.is_empty() && !run_id.is_empty(), "{out:?}");
+        for row in &out {
+            assert_eq!(row["batch_id"], json!(batch_id), "{row}");
+            assert_eq!(row["query_id"], json!(query_id), "{row}");
+            assert_eq!(row["init_query_id"], json!(query_id), "{row}");
+            assert_eq!(row["run_id"], json!(run_id), "{row}");
+        }
+        seen.push((batch_id, query_id, run_id));
+    }
+    let (b0, q0, r0) = &seen[0];
+    let (b1, q1, r1) = &seen[1];
+    let (b2, q2, r2) = &seen[2];
+    assert_eq!((*b1, *b2), (b0 + 1, b0 + 2), "{seen:?}");
+    assert!(q0 == q1 && q1 == q2, "the query id changed: {seen:?}");
+    assert_eq!(r0, r1, "one run, one run id: {seen:?}");
+    assert_ne!(r1, r2, "a restart is a new run: {seen:?}");
+}
+
+#[test]
+fn a_failing_key_of_a_batched_call_is_named_and_bad_rows_keep_their_line() {
+    let dir = tempfile::tempdir().expect("create a temporary directory");
+    let wasm = build_test_processor("batch-errors-py", dir.path());
+
+    // `boom` is neither the first nor the last key of the one batched call.
+    let mut q = EngineQuery::open(&wasm, "k", 1, Limits::default());
+    let input = [
+        json!({"k": "a", "n": 1}),
+        json!({"k": "b", "n": 1}),
+        json!({"k": "boom", "n": 1}),
+        json!({"k": "c", "n": 1}),
+    ];
+    let err = q
+        .try_batch(&input)
+        .expect_err("the boom key fails")
+        .to_string();
+    assert!(
+        err.contains("for key") && err.contains("boom") && err.contains("exploded"),
+        "the error should name the key boom: {err}"
+    );
+    assert!(
+        err.contains("RuntimeError") && err.contains("batch-errors-py/processor.py\", line 27"),
+        "the error should carry the Python traceback: {err}"
+    );
+    assert!(
+        q.scratch.output_rows().is_empty(),
+        "nothing of a failed batch is visible"
+    );
+
+    // A bad row of the second key (its third row): the error names its file and line.
+    let mut q = EngineQuery::open(&wasm, "k", 1, Limits::default());
+    let input = [
+        json!({"k": "a", "n": 1}),
+        json!({"k": "b", "n": 1}),
+        json!({"k": "b", "n": 2}),
+        json!({"k": "c", "n": 1}),
+        json!({"k": "b", "n": -5}),
+        json!({"k": "d", "n": 1}),
+    ];
+    let err = q
+        .try_batch(&input)
+        .expect_err("the bad row fails")
+        .to_string();
+    assert!(
+        err.contains("000001.jsonl:5:") && err.contains("n must not be negative, got -5"),
+        "the error should name the bad row's file and line: {err}"
     );
 }

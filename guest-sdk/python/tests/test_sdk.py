@@ -8,12 +8,19 @@ The parts that talk to the host are tested end to end, in components, by the Rus
 import asyncio
 import datetime
 import sys
+import tempfile
 import unittest
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from statebox import _codec, _component, aio  # noqa: E402
+# The generated bindings' stand-ins, before the SDK binds them.
+import fake_host  # noqa: E402
+
+fake_host.install()
+
+from statebox import _component, _codec, aio  # noqa: E402
 from statebox.processor import StatefulProcessor, _Codec  # noqa: E402
 from statebox.row import Row  # noqa: E402
 from statebox.types import (  # noqa: E402
@@ -204,6 +211,347 @@ class SignatureTest(unittest.TestCase):
             r"p\.py:\d+: Bad\.handleInputRows\(self, key, rows\) cannot be called",
         ):
             _component.check_processor(Bad, "p.py")
+
+
+class SchedulerKeyTest(unittest.TestCase):
+    """The scheduler selects a task's key (``switch``, the host's ``use-key``) before
+    resuming it, as the batched export needs."""
+
+    def run_entries(self, coros):
+        self.current = None
+        self.switches = []
+
+        def switch(key):
+            self.switches.append(key)
+            self.current = key
+
+        return aio.run_entries(coros, switch)
+
+    def test_keys_interleave_each_with_its_key_current_and_in_order(self):
+        log = []
+
+        async def handler(key, steps):
+            for step in range(steps):
+                log.append((key, step, self.current))
+                await aio.sleep(0)
+            log.append((key, steps, self.current))
+            return key * 10
+
+        tasks = self.run_entries([handler(0, 2), handler(1, 2), handler(2, 1)])
+        self.assertEqual([t.result for t in tasks], [0, 10, 20])
+        # Every step ran with its own key current.
+        self.assertTrue(all(key == current for key, _, current in log), log)
+        # Each key's steps in order.
+        for key in range(3):
+            steps = [step for k, step, _ in log if k == key]
+            self.assertEqual(steps, sorted(steps))
+        # Keys interleaved: key 1 started before key 0 finished.
+        self.assertLess(log.index((1, 0, 1)), log.index((0, 2, 0)))
+        self.assertEqual(
+            [(k, s) for k, s, _ in log],
+            [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1), (0, 2), (1, 2)],
+        )
+
+    def test_no_redundant_switches(self):
+        async def straight(key):
+            return key
+
+        async def suspends_once(key):
+            await asyncio.sleep(0)
+            return key
+
+        self.run_entries([straight(0), straight(1), straight(2)])
+        self.assertEqual(self.switches, [0, 1, 2])
+        # One key alone is selected once, however often it suspends.
+        self.run_entries([suspends_once(0)])
+        self.assertEqual(self.switches, [0])
+        self.run_entries([suspends_once(0), straight(1)])
+        self.assertEqual(self.switches, [0, 1, 0])
+        for previous, following in zip(self.switches, self.switches[1:]):
+            self.assertNotEqual(previous, following)
+
+    def test_gathered_coroutines_inherit_their_key(self):
+        seen = []
+
+        async def child(key, name):
+            seen.append((key, name, self.current))
+            await aio.sleep(0)
+            seen.append((key, name, self.current))
+            return name
+
+        async def parent(key):
+            first = await aio.gather(child(key, "a"), child(key, "b"))
+            second = await aio.gather(child(key, "c"))
+            return first + second
+
+        async def other(key):
+            for _ in range(3):
+                seen.append((key, "other", self.current))
+                await aio.sleep(0)
+
+        tasks = self.run_entries([parent(0), other(1)])
+        self.assertEqual(tasks[0].result, ["a", "b", "c"])
+        self.assertTrue(all(key == current for key, _, current in seen), seen)
+        # The two keys' work interleaved, so switches happened in between.
+        self.assertIn((1, "other", 1), seen[: seen.index((0, "c", 0))])
+        for previous, following in zip(self.switches, self.switches[1:]):
+            self.assertNotEqual(previous, following)
+
+    def test_errors_stay_with_their_key_and_a_failed_switch_fails_its_task(self):
+        async def fails(key):
+            await aio.sleep(0)
+            raise ValueError(f"key {key}")
+
+        async def fine(key):
+            await aio.sleep(0)
+            return key
+
+        tasks = self.run_entries([fine(0), fails(1), fine(2)])
+        self.assertEqual([t.result for t in tasks], [0, None, 2])
+        self.assertEqual(str(tasks[1].error), "key 1")
+
+        def switch(key):
+            if key == 1:
+                raise RuntimeError("no such entry")
+
+        tasks = aio.run_entries([fine(0), fine(1)], switch)
+        self.assertEqual(tasks[0].result, 0)
+        self.assertEqual(str(tasks[1].error), "no such entry")
+
+    def test_run_keys_switches_per_chain(self):
+        order = []
+
+        def call(key, n):
+            async def go():
+                order.append((key, n, self.current))
+                await aio.sleep(0)
+                return n
+
+            return go
+
+        self.current = None
+
+        def switch(key):
+            self.current = key
+
+        results = aio.run_keys({"a": [call("a", 1), call("a", 2)], "b": [call("b", 1)]}, switch)
+        self.assertEqual(results, {"a": [1, 2], "b": [1]})
+        self.assertTrue(all(key == current for key, _, current in order), order)
+
+
+_COUNTER = """
+from pyspark.sql import Row
+from pyspark.sql.streaming import StatefulProcessor
+OUTPUT_SCHEMA = "key string, count long, batch long"
+
+class Counter(StatefulProcessor):
+    def init(self, handle):
+        self.handle = handle
+        self.count = handle.getValueState("count", "count long")
+
+    def handleInputRows(self, key, rows, timerValues):
+        n = 0
+        for row in rows:
+            if getattr(row, "boom", None):
+                raise ValueError("boom in " + key[0])
+            n += 1
+        previous = self.count.get()
+        total = n + (previous[0] if previous else 0)
+        self.count.update((total,))
+        yield Row(key=key[0], count=total, batch=self.handle.getQueryInfo().getBatchId())
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
+        yield Row(key=key[0], count=expiredTimerInfo.getExpiryTimeInMs(), batch=-1)
+"""
+
+_ASYNC_COUNTER = """
+from pyspark.sql import Row
+from statebox import aio
+from statebox.aio import AsyncStatefulProcessor
+OUTPUT_SCHEMA = "key string, count long, step long"
+STEP = [0]
+
+def step():
+    STEP[0] += 1
+    return STEP[0]
+
+class Counter(AsyncStatefulProcessor):
+    async def init(self, handle):
+        self.handle = handle
+        self.count = await handle.getValueState("count", "count long")
+
+    async def handleInputRows(self, key, rows, timerValues):
+        n = 0
+        async for row in rows:
+            n += 1
+        previous = await self.count.get()
+        yield Row(key=key[0], count=-1, step=step())
+        await aio.sleep(0)
+        if key[0].startswith("fail"):
+            raise ValueError("failing " + key[0])
+        total = n + (previous[0] if previous else 0)
+        await self.count.update((total,))
+        parts = await aio.gather(self.part(key), self.part(key))
+        info = await self.handle.getQueryInfo()
+        yield Row(key=key[0], count=total + sum(parts) - sum(parts), step=step())
+        yield Row(key=key[0], count=info.getBatchId(), step=step())
+
+    async def part(self, key):
+        await aio.sleep(0)
+        value = await self.count.get()
+        return value[0]
+
+    async def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
+        await aio.sleep(0)
+        yield Row(key=key[0], count=expiredTimerInfo.getExpiryTimeInMs(), step=step())
+"""
+
+
+class BatchExportTest(unittest.TestCase):
+    """The ``processor`` and ``batch-processor`` exports against the fake host."""
+
+    loaded = 0
+
+    def setUp(self):
+        fake_host.HOST.reset()
+        self.host = fake_host.HOST
+
+    def export(self, source):
+        BatchExportTest.loaded += 1
+        tmp = tempfile.NamedTemporaryFile("w", suffix=".py", delete=False)
+        self.addCleanup(Path(tmp.name).unlink)
+        with tmp:
+            tmp.write(source)
+        processor, batch = _component.export(
+            tmp.name, tmp.name, f"batch_test_{BatchExportTest.loaded}"
+        )
+        processor().init(fake_host.TimeMode.NONE)
+        return tmp.name, processor, batch()
+
+    def batch(self, batch, groups, batch_id=1):
+        self.host.query.batch_id = batch_id
+        self.host.begin_batch([key for key, _ in groups])
+        entries = [
+            fake_host.KeyRows(_codec.dumps([key]), [_codec.dumps(r) for r in rows])
+            for key, rows in groups
+        ]
+        out = batch.handle_input_batch(entries, fake_host.TimerValues(-1, -1))
+        return [[_codec.loads(text) for text in rows] for rows in out]
+
+    def test_sync_batches_select_each_key_and_keep_state_per_key(self):
+        _, _, batch = self.export(_COUNTER)
+        groups = [("a", [{"n": 1}] * 3), ("b", [{"n": 1}]), ("c", [{"n": 1}] * 2)]
+        self.assertEqual(
+            self.batch(batch, groups),
+            [
+                [{"key": "a", "count": 3, "batch": 1}],
+                [{"key": "b", "count": 1, "batch": 1}],
+                [{"key": "c", "count": 2, "batch": 1}],
+            ],
+        )
+        self.assertEqual(self.host.switches, [0, 1, 2])
+        out = self.batch(batch, [("c", [{"n": 1}]), ("a", [{"n": 1}])], batch_id=2)
+        self.assertEqual(
+            out,
+            [[{"key": "c", "count": 3, "batch": 2}], [{"key": "a", "count": 4, "batch": 2}]],
+        )
+        self.host.begin_batch(["x", "y"])
+        timers = [
+            fake_host.KeyTimer('["x"]', fake_host.ExpiredTimerInfo(5)),
+            fake_host.KeyTimer('["y"]', fake_host.ExpiredTimerInfo(7)),
+        ]
+        out = batch.handle_expired_timers(timers, fake_host.TimerValues(10, -1))
+        self.assertEqual(
+            [[_codec.loads(t) for t in rows] for rows in out],
+            [[{"key": "x", "count": 5, "batch": -1}], [{"key": "y", "count": 7, "batch": -1}]],
+        )
+        self.assertEqual(self.host.switches, [0, 1])
+
+    def test_a_sync_failure_names_its_entry(self):
+        path, _, batch = self.export(_COUNTER)
+        groups = [("a", [{"n": 1}]), ("b", [{"n": 1}, {"boom": True}]), ("c", [{"n": 1}])]
+        with self.assertRaises(fake_host.Err) as err:
+            self.batch(batch, groups)
+        failure = err.exception.value
+        self.assertEqual(failure.index, 1)
+        self.assertIsInstance(failure.error, fake_host.ProcessorError_Failed)
+        self.assertIn("handleInputRows raised ValueError: boom in b", failure.error.value)
+        self.assertIn(f'File "{path}", line 15, in handleInputRows', failure.error.value)
+        # A row that is not JSON: its index within the entry's rows.
+        self.host.begin_batch(["a", "b"])
+        entries = [
+            fake_host.KeyRows('["a"]', ['{"n":1}']),
+            fake_host.KeyRows('["b"]', ['{"n":1}', '{"n":2}', "{nope"]),
+        ]
+        with self.assertRaises(fake_host.Err) as err:
+            batch.handle_input_batch(entries, fake_host.TimerValues(-1, -1))
+        failure = err.exception.value
+        self.assertEqual(failure.index, 1)
+        self.assertIsInstance(failure.error, fake_host.ProcessorError_BadInputRow)
+        self.assertEqual(failure.error.value.index, 2)
+
+    def test_async_batches_interleave_keys_and_keep_state_per_key(self):
+        _, _, batch = self.export(_ASYNC_COUNTER)
+        groups = [("a", [{"n": 1}] * 3), ("b", [{"n": 1}]), ("c", [{"n": 1}] * 2)]
+        for batch_id, expected in ((1, {"a": 3, "b": 1, "c": 2}), (2, {"a": 6, "b": 2, "c": 4})):
+            out = self.batch(batch, groups, batch_id)
+            steps = {}
+            for (key, _), rows in zip(groups, out):
+                self.assertEqual([r["key"] for r in rows], [key] * 3)
+                self.assertEqual(rows[0]["count"], -1)
+                self.assertEqual(rows[1]["count"], expected[key])
+                self.assertEqual(rows[2]["count"], batch_id)
+                steps[key] = [r["step"] for r in rows]
+                self.assertEqual(steps[key], sorted(steps[key]))
+            # Every key's first step came before any key's second: they interleaved.
+            self.assertLess(max(s[0] for s in steps.values()), min(s[1] for s in steps.values()))
+            for previous, following in zip(self.host.switches, self.host.switches[1:]):
+                self.assertNotEqual(previous, following)
+            self.assertGreater(len(self.host.switches), len(groups))
+
+    def test_async_failures_report_the_first_entry(self):
+        path, _, batch = self.export(_ASYNC_COUNTER)
+        groups = [("a", [{}]), ("fail-b", [{}]), ("c", [{}]), ("fail-d", [{}])]
+        with self.assertRaises(fake_host.Err) as err:
+            self.batch(batch, groups)
+        failure = err.exception.value
+        self.assertEqual(failure.index, 1)
+        self.assertIn("ValueError: failing fail-b", failure.error.value)
+        # The traceback starts at the user's handler, not in the SDK's scheduler.
+        self.assertIn(
+            f'Traceback (most recent call last):\n  File "{path}", line 25, in handleInputRows',
+            failure.error.value,
+        )
+
+    def test_async_expired_timers_run_per_key(self):
+        _, _, batch = self.export(_ASYNC_COUNTER)
+        self.host.begin_batch(["x", "y"])
+        timers = [
+            fake_host.KeyTimer('["x"]', fake_host.ExpiredTimerInfo(5)),
+            fake_host.KeyTimer('["y"]', fake_host.ExpiredTimerInfo(7)),
+        ]
+        out = batch.handle_expired_timers(timers, fake_host.TimerValues(10, -1))
+        rows = [[_codec.loads(t) for t in r] for r in out]
+        self.assertEqual([r[0]["count"] for r in rows], [5, 7])
+
+    def test_the_single_key_export_still_works(self):
+        _, processor, _ = self.export(_COUNTER)
+        self.host.current = "k"
+        out = processor().handle_input_rows('["k"]', ['{"n":1}'], fake_host.TimerValues(-1, -1))
+        self.assertEqual([_codec.loads(t) for t in out], [{"key": "k", "count": 1, "batch": 0}])
+        _, processor, _ = self.export(_ASYNC_COUNTER)
+        self.host.current = "k"
+        out = processor().handle_input_rows('["k"]', ['{"n":1}'], fake_host.TimerValues(-1, -1))
+        self.assertEqual([_codec.loads(t)["count"] for t in out], [-1, 2, 0])
+
+    def test_query_info(self):
+        from pyspark.sql.streaming.stateful_processor import QueryInfo
+
+        info = QueryInfo("0f6a3c52-6a43-4a8e-9c4e-0d4b1b8e2f11", "not-a-uuid", 4)
+        self.assertEqual(str(info.getQueryId()), "0f6a3c52-6a43-4a8e-9c4e-0d4b1b8e2f11")
+        self.assertEqual(info.getRunId(), "not-a-uuid")
+        self.assertEqual(info.getBatchId(), 4)
+        self.assertIn("batchId=4", repr(info))
 
 
 if __name__ == "__main__":

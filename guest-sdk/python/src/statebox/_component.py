@@ -1,4 +1,5 @@
-"""The glue between the component's ``processor`` export and a user's processor class.
+"""The glue between the component's exports (``processor`` and ``batch-processor``) and a
+user's processor class.
 
 ``statebox build-python`` generates the component's entry module, which calls
 :func:`export` while componentize-py pre-initialises the interpreter: the user's file is
@@ -16,13 +17,20 @@ import traceback
 import types as _types
 
 from . import _codec
-from ._host import handle_module
-from .aio import AsyncStatefulProcessor, AsyncStatefulProcessorHandle, collect, run_keys
+from ._host import HostError, handle_module
+from .aio import (
+    AsyncStatefulProcessor,
+    AsyncStatefulProcessorHandle,
+    collect,
+    run_entries,
+    run_keys,
+)
 from .processor import (
     ExpiredTimerInfo,
     StatefulProcessor,
     StatefulProcessorHandle,
     TimerValues,
+    _lift,
 )
 from .row import Row, row_maker
 from .types import StructType, as_type, to_ddl
@@ -283,11 +291,15 @@ def _key(text):
     return tuple(value) if isinstance(value, list) else (value,)
 
 
+_GLUE = ("statebox/_component.py", "statebox/aio.py")
+
+
 def _format_error(method, err):
     frames = traceback.extract_tb(err.__traceback__)
-    # Drop the SDK's own frames at the top: the user's code is what matters.
+    # Drop the SDK's own frames at the top (the export glue, the async scheduler): the
+    # user's code is what matters.
     start = 0
-    while start < len(frames) and frames[start].filename.endswith("statebox/_component.py"):
+    while start < len(frames) and frames[start].filename.endswith(_GLUE):
         start += 1
     lines = ["Traceback (most recent call last):\n"]
     lines += traceback.format_list(frames[start:])
@@ -305,10 +317,13 @@ def export(
     input_schema=None,
     output_event_time_column=None,
 ):
-    """Loads the user's processor and returns the class implementing the ``processor``
-    export."""
+    """Loads the user's processor and returns the classes implementing the component's
+    exports: ``(Processor, BatchProcessor)``, for the ``processor`` interface (``describe``,
+    ``init``, initial state, ``close``, and single-key calls) and the ``batch-processor``
+    interface (input rows and expired timers of many keys per call)."""
     from componentize_py_types import Err
     from wit_world import exports
+    from wit_world.imports import keys as wit_keys
     from wit_world.imports import types as wit
 
     # Import every binding now, while componentize-py pre-initialises: the snapshot holds
@@ -359,20 +374,35 @@ def export(
         wit.TimeMode.PROCESSING_TIME: "processing-time",
         wit.TimeMode.EVENT_TIME: "event-time",
     }
+    use_key = wit_keys.use_key
+    BatchError = wit.BatchError
 
     slot = {}
 
-    def failed(method, err):
+    def error_of(method, err):
+        """The ``processor-error`` reporting ``err``, raised by ``method``."""
         if isinstance(err, BadInputRow):
-            return Err(wit.ProcessorError_BadInputRow(wit.BadRow(err.index, err.message)))
-        return Err(wit.ProcessorError_Failed(_format_error(method, err)))
+            return wit.ProcessorError_BadInputRow(wit.BadRow(err.index, err.message))
+        if isinstance(err, HostError):
+            err = _lift(err)
+        return wit.ProcessorError_Failed(_format_error(method, err))
+
+    def failed(method, err):
+        return Err(error_of(method, err))
+
+    def before_init():
+        return wit.ProcessorError_Failed(f"processor `{info.name}` was called before init")
 
     def processor(method):
         proc = slot.get("processor")
         if proc is None:
-            raise Err(
-                wit.ProcessorError_Failed(f"processor `{info.name}` was called before init")
-            )
+            raise Err(before_init())
+        return proc
+
+    def batch_processor():
+        proc = slot.get("processor")
+        if proc is None:
+            raise Err(BatchError(0, before_init()))
         return proc
 
     def encode_all(rows):
@@ -380,14 +410,32 @@ def export(
             return []
         return [encode_row(r) for r in rows]
 
+    def timer_values(tv):
+        return TimerValues(tv.current_processing_time_ms, tv.current_watermark_ms)
+
     if is_async:
 
         def call(method, make):
-            # One key per export call today; see statebox.aio.run_keys.
+            # A single-key call (the `processor` export): the host has selected the key.
             result = run_keys({0: [make]})[0]
             if isinstance(result, BaseException):
                 raise failed(method, result)
             return result[0]
+
+        def switch(index):
+            try:
+                use_key(index)
+            except HostError as e:
+                raise _lift(e) from None
+
+        def call_batch(method, coros):
+            # Every entry's handler at once: keys interleave whenever one suspends, and the
+            # scheduler selects a task's key (use-key) before resuming it.
+            tasks = run_entries(coros, switch)
+            for index, task in enumerate(tasks):
+                if task.error is not None:
+                    raise Err(BatchError(index, error_of(method, task.error)))
+            return [task.result for task in tasks]
 
         class Processor(exports.Processor):
             def describe(self):
@@ -412,11 +460,9 @@ def export(
                 except BaseException as e:  # noqa: BLE001
                     raise failed("init", e) from None
 
-            def handle_input_rows(self, key, rows, timer_values):
+            def handle_input_rows(self, key, rows, timer_values_):
                 proc = processor("handleInputRows")
-                tv = TimerValues(
-                    timer_values.current_processing_time_ms, timer_values.current_watermark_ms
-                )
+                tv = timer_values(timer_values_)
 
                 async def go():
                     out = await collect(proc.handleInputRows(_key(key), _Rows(rows), tv))
@@ -424,11 +470,9 @@ def export(
 
                 return call("handleInputRows", go)
 
-            def handle_expired_timer(self, key, timer_values, expired_timer_info):
+            def handle_expired_timer(self, key, timer_values_, expired_timer_info):
                 proc = processor("handleExpiredTimer")
-                tv = TimerValues(
-                    timer_values.current_processing_time_ms, timer_values.current_watermark_ms
-                )
+                tv = timer_values(timer_values_)
                 info_ = ExpiredTimerInfo(expired_timer_info.expiry_time_ms)
 
                 async def go():
@@ -437,11 +481,9 @@ def export(
 
                 return call("handleExpiredTimer", go)
 
-            def handle_initial_state(self, key, initial_state, timer_values):
+            def handle_initial_state(self, key, initial_state, timer_values_):
                 proc = processor("handleInitialState")
-                tv = TimerValues(
-                    timer_values.current_processing_time_ms, timer_values.current_watermark_ms
-                )
+                tv = timer_values(timer_values_)
 
                 async def go():
                     await proc.handleInitialState(_key(key), _load_row(initial_state), tv)
@@ -457,7 +499,31 @@ def export(
 
                     call("close", go)
 
-        return Processor
+        class BatchProcessor(exports.BatchProcessor):
+            def handle_input_batch(self, groups, timer_values_):
+                proc = batch_processor()
+                tv = timer_values(timer_values_)
+                handler = proc.handleInputRows
+
+                async def go(group):
+                    out = await collect(handler(_key(group.key), _Rows(group.rows), tv))
+                    return list(map(encode_row, out))
+
+                return call_batch("handleInputRows", [go(g) for g in groups])
+
+            def handle_expired_timers(self, timers, timer_values_):
+                proc = batch_processor()
+                tv = timer_values(timer_values_)
+                handler = proc.handleExpiredTimer
+
+                async def go(timer):
+                    info_ = ExpiredTimerInfo(timer.expired_timer_info.expiry_time_ms)
+                    out = await collect(handler(_key(timer.key), tv, info_))
+                    return list(map(encode_row, out))
+
+                return call_batch("handleExpiredTimer", [go(t) for t in timers])
+
+        return Processor, BatchProcessor
 
     class Processor(exports.Processor):
         def describe(self):
@@ -471,33 +537,27 @@ def export(
                 raise failed("init", e) from None
             slot["processor"] = proc
 
-        def handle_input_rows(self, key, rows, timer_values):
+        def handle_input_rows(self, key, rows, timer_values_):
             proc = processor("handleInputRows")
             try:
-                tv = TimerValues(
-                    timer_values.current_processing_time_ms, timer_values.current_watermark_ms
-                )
+                tv = timer_values(timer_values_)
                 return encode_all(proc.handleInputRows(_key(key), _Rows(rows), tv))
             except BaseException as e:  # noqa: BLE001
                 raise failed("handleInputRows", e) from None
 
-        def handle_expired_timer(self, key, timer_values, expired_timer_info):
+        def handle_expired_timer(self, key, timer_values_, expired_timer_info):
             proc = processor("handleExpiredTimer")
             try:
-                tv = TimerValues(
-                    timer_values.current_processing_time_ms, timer_values.current_watermark_ms
-                )
+                tv = timer_values(timer_values_)
                 info_ = ExpiredTimerInfo(expired_timer_info.expiry_time_ms)
                 return encode_all(proc.handleExpiredTimer(_key(key), tv, info_))
             except BaseException as e:  # noqa: BLE001
                 raise failed("handleExpiredTimer", e) from None
 
-        def handle_initial_state(self, key, initial_state, timer_values):
+        def handle_initial_state(self, key, initial_state, timer_values_):
             proc = processor("handleInitialState")
             try:
-                tv = TimerValues(
-                    timer_values.current_processing_time_ms, timer_values.current_watermark_ms
-                )
+                tv = timer_values(timer_values_)
                 proc.handleInitialState(_key(key), _load_row(initial_state), tv)
             except BaseException as e:  # noqa: BLE001
                 raise failed("handleInitialState", e) from None
@@ -510,4 +570,46 @@ def export(
                 except BaseException as e:  # noqa: BLE001
                     raise failed("close", e) from None
 
-    return Processor
+    class BatchProcessor(exports.BatchProcessor):
+        # The throughput path: one export call for up to a few hundred keys. Everything the
+        # loop needs is bound to a local first; per entry it selects the key, runs the
+        # handler as the single-key path does and encodes the rows with C-level map().
+
+        def handle_input_batch(self, groups, timer_values_):
+            proc = batch_processor()
+            tv = timer_values(timer_values_)
+            handler = proc.handleInputRows
+            select, key_of, rows_of, encode = use_key, _key, _Rows, encode_row
+            out = []
+            append = out.append
+            index = 0
+            try:
+                for group in groups:
+                    select(index)
+                    rows = handler(key_of(group.key), rows_of(group.rows), tv)
+                    append([] if rows is None else list(map(encode, rows)))
+                    index += 1
+            except BaseException as e:  # noqa: BLE001
+                raise Err(BatchError(index, error_of("handleInputRows", e))) from None
+            return out
+
+        def handle_expired_timers(self, timers, timer_values_):
+            proc = batch_processor()
+            tv = timer_values(timer_values_)
+            handler = proc.handleExpiredTimer
+            select, key_of, encode = use_key, _key, encode_row
+            out = []
+            append = out.append
+            index = 0
+            try:
+                for timer in timers:
+                    select(index)
+                    info_ = ExpiredTimerInfo(timer.expired_timer_info.expiry_time_ms)
+                    rows = handler(key_of(timer.key), tv, info_)
+                    append([] if rows is None else list(map(encode, rows)))
+                    index += 1
+            except BaseException as e:  # noqa: BLE001
+                raise Err(BatchError(index, error_of("handleExpiredTimer", e))) from None
+            return out
+
+    return Processor, BatchProcessor

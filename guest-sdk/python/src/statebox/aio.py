@@ -8,10 +8,14 @@ synchronous API's (same variables, same stored values), so a processor can move 
 two on one checkpoint.
 
 Calls run on a small cooperative scheduler of the SDK's own (``asyncio``'s event loop needs
-sockets, which the sandbox does not have): :func:`run_keys` runs a set of per-key call chains
-to completion, each key's calls strictly in order, different keys interleaving whenever one
-suspends (``await statebox.aio.sleep(0)``, ``await asyncio.sleep(0)``, or a future host
-operation that suspends). :func:`gather` runs coroutines concurrently within one call.
+sockets, which the sandbox does not have). The host hands the component many keys per call
+(the ``batch-processor`` export); the handlers of all those keys run at once, each key's
+calls strictly in order, different keys interleaving whenever one suspends (``await
+statebox.aio.sleep(0)``, ``await asyncio.sleep(0)``, :func:`gather`). Before resuming a task,
+the scheduler makes that task's key the host's current key (``keys.use-key``), so every
+state and timer operation acts on the key of the handler that makes it; coroutines started
+by :func:`gather` inside a handler belong to that handler's key. :func:`run_keys` is the same
+scheduler for per-key call chains.
 """
 
 import types as _types
@@ -29,6 +33,7 @@ __all__ = [
     "gather",
     "sleep",
     "run_keys",
+    "run_entries",
     "run",
 ]
 
@@ -201,6 +206,11 @@ class AsyncStatefulProcessorHandle:
     def listTimers(self):
         return _AsyncPages(self._h.listTimers())
 
+    async def getQueryInfo(self):
+        """The query and batch this call runs in: ``(await handle.getQueryInfo()).getBatchId()``
+        (see ``StatefulProcessorHandle.getQueryInfo``)."""
+        return self._h.getQueryInfo()
+
 
 # --- the scheduler --------------------------------------------------------------------------
 
@@ -230,10 +240,14 @@ async def sleep(delay=0):
 
 
 class _Task:
-    __slots__ = ("coro", "result", "error", "done", "waiters")
+    """A coroutine on the scheduler. ``key`` is what the scheduler passes to its ``switch``
+    function before resuming the task (None: the task needs no key)."""
 
-    def __init__(self, coro):
+    __slots__ = ("coro", "key", "result", "error", "done", "waiters")
+
+    def __init__(self, coro, key=None):
         self.coro = coro
+        self.key = key
         self.result = None
         self.error = None
         self.done = False
@@ -272,47 +286,75 @@ _NOT_AWAITABLE = (
 )
 
 
-def _run_tasks(tasks):
+#: No key has been made current yet (the host selects none at the start of a call).
+_NO_KEY = object()
+
+
+def _run_tasks(tasks, switch=None):
     """Steps tasks round-robin until all are done. A task that yields ``None`` (as
     ``asyncio.sleep(0)`` does) or ``_SUSPEND`` is resumed after the others have had a turn;
-    one that yields a ``_Join`` waits for the joined tasks."""
+    one that yields a ``_Join`` waits for the joined tasks, which inherit its key.
+
+    With ``switch``, a task whose ``key`` is not None is resumed only after ``switch(key)``
+    made its key current; ``switch`` is called only when the key differs from the one it made
+    current last. If ``switch`` raises, the task fails with that error (its coroutine is
+    closed). Returns how many tasks are still waiting on a join (0 unless there is a bug)."""
     ready = list(tasks)
     waiting = 0
+    current = _NO_KEY
     while ready:
         runnable, ready = ready, []
         for task in runnable:
-            try:
-                yielded = task.coro.send(None)
-            except StopIteration as stop:
-                task.result = stop.value
-                task.done = True
-            except BaseException as err:  # noqa: BLE001 - reported to whoever awaits it
-                if isinstance(err, RuntimeError) and str(err) == "no running event loop":
-                    # asyncio found no loop: say why there is none.
-                    wrapped = RuntimeError(_NOT_AWAITABLE.format(what="an asyncio operation"))
-                    wrapped.__cause__ = err
-                    err = wrapped
-                task.error = err
-                task.done = True
-            else:
-                if yielded is None or yielded is _SUSPEND:
-                    ready.append(task)
-                elif isinstance(yielded, _Join):
-                    children = yielded.tasks
-                    pending = [c for c in children if not c.done]
-                    if pending:
-                        waiting += 1
-                        counter = [len(pending)]
-                        for child in pending:
-                            child.waiters.append((task, counter))
-                        ready.extend(pending)
+            err = None
+            if switch is not None:
+                key = task.key
+                if key is not None and key != current:
+                    current = _NO_KEY
+                    try:
+                        switch(key)
+                    except BaseException as e:  # noqa: BLE001 - the task's failure
+                        err = e
                     else:
-                        ready.append(task)
+                        current = key
+            if err is not None:
+                task.coro.close()
+            else:
+                try:
+                    yielded = task.coro.send(None)
+                except StopIteration as stop:
+                    task.result = stop.value
+                except BaseException as e:  # noqa: BLE001 - reported to whoever awaits it
+                    err = e
+                    if isinstance(err, RuntimeError) and str(err) == "no running event loop":
+                        # asyncio found no loop: say why there is none.
+                        wrapped = RuntimeError(
+                            _NOT_AWAITABLE.format(what="an asyncio operation")
+                        )
+                        wrapped.__cause__ = err
+                        err = wrapped
                 else:
+                    if yielded is None or yielded is _SUSPEND:
+                        ready.append(task)
+                        continue
+                    if isinstance(yielded, _Join):
+                        children = yielded.tasks
+                        pending = [c for c in children if not c.done]
+                        if pending:
+                            waiting += 1
+                            counter = [len(pending)]
+                            key = task.key
+                            for child in pending:
+                                if child.key is None:
+                                    child.key = key
+                                child.waiters.append((task, counter))
+                            ready.extend(pending)
+                        else:
+                            ready.append(task)
+                        continue
                     task.coro.close()
-                    task.error = RuntimeError(_NOT_AWAITABLE.format(what=repr(yielded)))
-                    task.done = True
-                continue
+                    err = RuntimeError(_NOT_AWAITABLE.format(what=repr(yielded)))
+            task.error = err
+            task.done = True
             for parent, counter in task.waiters:
                 counter[0] -= 1
                 if counter[0] == 0:
@@ -320,6 +362,16 @@ def _run_tasks(tasks):
                     ready.append(parent)
             task.waiters = []
     return waiting
+
+
+def run_entries(coros, switch):
+    """Runs one coroutine per entry of a batched call, all at once: entry ``i``'s task (and
+    the coroutines it gathers) run with key ``i``, made current with ``switch(i)`` before
+    the task is resumed. Returns the finished tasks, in entry order (``.result``,
+    ``.error``)."""
+    tasks = [_Task(coro, index) for index, coro in enumerate(coros)]
+    _run_tasks(tasks, switch)
+    return tasks
 
 
 def run(coro):
@@ -338,15 +390,19 @@ async def _chain(calls):
     return results
 
 
-def run_keys(chains):
+def run_keys(chains, switch=None):
     """Runs per-key call chains: ``chains`` maps each key to a list of zero-argument
     functions returning coroutines. A key's calls run one after another, in order; different
-    keys' chains run concurrently. Returns ``{key: [result or exception, ...]}``.
+    keys' chains run concurrently, interleaving whenever one suspends. Returns
+    ``{key: [results...]}``, or ``{key: exception}`` for a chain that failed.
 
-    The host's export is one call per key today, so the component calls this with one key;
-    a batched export (many keys per call) would pass them all here."""
-    tasks = {key: _Task(_chain(calls)) for key, calls in chains.items()}
-    _run_tasks(list(tasks.values()))
+    With ``switch``, ``switch(key)`` is called before a key's chain is resumed whenever
+    another key (or none) was current, as the batched export does with ``keys.use-key``."""
+    tasks = {
+        key: _Task(_chain(calls), key if switch is not None else None)
+        for key, calls in chains.items()
+    }
+    _run_tasks(list(tasks.values()), switch)
     out = {}
     for key, task in tasks.items():
         if task.error is not None:

@@ -7,6 +7,8 @@ variable's schema when the schema is a struct (``StructType`` or a DDL field lis
 extension. Every state and timer operation acts on the grouping key of the call in progress.
 """
 
+import uuid as _uuid
+
 from . import _codec
 from ._host import HostError, host_error
 from .types import as_type, to_ddl
@@ -19,6 +21,7 @@ __all__ = [
     "MapState",
     "TimerValues",
     "ExpiredTimerInfo",
+    "QueryInfo",
     "StateError",
     "TimeMode",
 ]
@@ -93,6 +96,60 @@ class ExpiredTimerInfo:
 
     def __repr__(self):
         return f"ExpiredTimerInfo(expiry={self._expiry})"
+
+
+def _as_uuid(text):
+    try:
+        return _uuid.UUID(text)
+    except (TypeError, ValueError):
+        return text
+
+
+class QueryInfo:
+    """The query and batch a call runs in, from ``handle.getQueryInfo()``. Mirrors Spark's
+    ``QueryInfo``: ``getQueryId()`` is fixed when the query's checkpoint is created (the same
+    across restarts), ``getRunId()`` is new each time the query starts, ``getBatchId()`` is
+    the id of the batch in progress (0 outside a batch, e.g. in ``init``). The ids are
+    ``uuid.UUID``s, as Spark's are (a host id that is not a UUID is passed on as a string)."""
+
+    __slots__ = ("_query_id", "_run_id", "_batch_id")
+
+    def __init__(self, queryId, runId, batchId):
+        self._query_id = _as_uuid(queryId)
+        self._run_id = _as_uuid(runId)
+        self._batch_id = batchId
+
+    def getQueryId(self):
+        """The query's id, the same across restarts of the query."""
+        return self._query_id
+
+    def getRunId(self):
+        """This run's id, new each time the query is started."""
+        return self._run_id
+
+    def getBatchId(self):
+        """The id of the batch in progress."""
+        return self._batch_id
+
+    def __eq__(self, other):
+        if not isinstance(other, QueryInfo):
+            return NotImplemented
+        return (self._query_id, self._run_id, self._batch_id) == (
+            other._query_id,
+            other._run_id,
+            other._batch_id,
+        )
+
+    def __hash__(self):
+        return hash((self._query_id, self._run_id, self._batch_id))
+
+    def __repr__(self):
+        return (
+            f"QueryInfo(queryId={self._query_id}, runId={self._run_id}, "
+            f"batchId={self._batch_id})"
+        )
+
+    __str__ = __repr__
 
 
 class _Codec:
@@ -435,6 +492,13 @@ class StatefulProcessorHandle:
             return iter(self._host.list_timers())
         except HostError as e:
             raise _lift(e) from None
+
+    def getQueryInfo(self):
+        """The query and batch this call runs in (a :class:`QueryInfo`: ``getQueryId()``,
+        ``getRunId()``, ``getBatchId()``), as Spark's ``StatefulProcessorHandle.getQueryInfo``.
+        Allowed in ``init`` and in handlers."""
+        info = self._host.get_query_info()
+        return QueryInfo(info.query_id, info.run_id, info.batch_id)
 
 
 class StatefulProcessor:
