@@ -29,11 +29,21 @@ pub struct ListStateRes(Arc<VarHandle>);
 /// A map state variable as seen by one instance.
 pub struct MapStateRes(Arc<VarHandle>);
 
+/// Where an iterator may be used: in the call that created it and, in a batched call, only
+/// while the entry (key) it was created for is selected. So a handler never reads through
+/// another key's iterator, while an async handler's iterator survives other keys running in
+/// between.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Scope {
+    generation: u64,
+    entry: Option<usize>,
+}
+
 /// A lazy iterator over list elements, or map keys or values.
 pub struct JsonIteratorRes {
     var: Arc<VarHandle>,
     key: String,
-    generation: u64,
+    scope: Scope,
     source: JsonSource,
 }
 
@@ -47,7 +57,7 @@ enum JsonSource {
 pub struct MapIteratorRes {
     var: Arc<VarHandle>,
     key: String,
-    generation: u64,
+    scope: Scope,
     after: Option<Vec<u8>>,
 }
 
@@ -508,11 +518,19 @@ impl HostState {
             .map_err(declare_error)
     }
 
-    fn iter_guard(&self, generation: u64) -> Result<(), StateError> {
-        if generation != self.generation || self.phase != Phase::Handler {
+    fn scope(&self) -> Scope {
+        Scope {
+            generation: self.generation,
+            entry: self.selected_entry(),
+        }
+    }
+
+    fn iter_guard(&self, scope: Scope) -> Result<(), StateError> {
+        if scope != self.scope() || self.phase != Phase::Handler {
             return Err(err(
                 ErrorKind::InvalidUse,
-                "an iterator can only be used during the call that created it".into(),
+                "an iterator can only be used during the call (and for the key) that created it"
+                    .into(),
             ));
         }
         Ok(())
@@ -853,7 +871,7 @@ impl state::HostListState for HostState {
         let it = JsonIteratorRes {
             var,
             key: self.key.clone(),
-            generation: self.generation,
+            scope: self.scope(),
             source: JsonSource::List { after: None },
         };
         Ok(Ok(self.table.push(it)?))
@@ -1003,7 +1021,7 @@ impl state::HostMapState for HostState {
         let it = MapIteratorRes {
             var,
             key: self.key.clone(),
-            generation: self.generation,
+            scope: self.scope(),
             after: None,
         };
         Ok(Ok(self.table.push(it)?))
@@ -1054,7 +1072,7 @@ impl HostState {
         let it = JsonIteratorRes {
             var,
             key: self.key.clone(),
-            generation: self.generation,
+            scope: self.scope(),
             source,
         };
         Ok(Ok(self.table.push(it)?))
@@ -1069,7 +1087,7 @@ impl state::HostJsonIterator for HostState {
     ) -> wasmtime::Result<Result<Vec<String>, StateError>> {
         let max = max.clamp(1, MAX_PAGE) as usize;
         let it = self.table.get(&this)?;
-        if let Err(e) = self.iter_guard(it.generation) {
+        if let Err(e) = self.iter_guard(it.scope) {
             return Ok(Err(e));
         }
         let var = it.var.clone();
@@ -1137,7 +1155,7 @@ impl state::HostMapIterator for HostState {
     ) -> wasmtime::Result<Result<Vec<state::MapEntry>, StateError>> {
         let max = max.clamp(1, MAX_PAGE) as usize;
         let it = self.table.get(&this)?;
-        if let Err(e) = self.iter_guard(it.generation) {
+        if let Err(e) = self.iter_guard(it.scope) {
             return Ok(Err(e));
         }
         let var = it.var.clone();
