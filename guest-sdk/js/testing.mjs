@@ -403,7 +403,7 @@ export class TestHarness {
   async handleInputBatch(groups) {
     const keys = groups.map(([key]) => stringify(key));
     const wire = groups.map(([, rows], i) => ({ key: keys[i], rows: rows.map((r) => stringify(r)) }));
-    const out = await this.call('handler', null, () => this.batchProcessor.handleInputBatch(wire, this.timerValues()), keys);
+    const out = await this.call('handler', null, () => this.batchProcessor.handleInputBatch(wire, undefined, this.timerValues()), keys);
     if (out.tag === 'err') {
       const { index, error } = out.val;
       const message = error.tag === 'bad-input-row' ? `bad input row ${error.val.index}: ${error.val.message}` : error.val;

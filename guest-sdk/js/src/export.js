@@ -281,7 +281,11 @@ export function exportProcessor(definition) {
   const encode = (returned) => encodeRows(info.name, returned);
 
   const batchProcessor = {
-    handleInputBatch(groups, tv) {
+    // Rows always come as objects: JSON.parse of an object is as fast as of an array here.
+    positionalRows() {
+      return false;
+    },
+    handleInputBatch(groups, _columns, tv) {
       let p;
       let keys;
       try {

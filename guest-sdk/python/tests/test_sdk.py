@@ -435,8 +435,41 @@ class BatchExportTest(unittest.TestCase):
             fake_host.KeyRows(_codec.dumps([key]), [_codec.dumps(r) for r in rows])
             for key, rows in groups
         ]
-        out = batch.handle_input_batch(entries, fake_host.TimerValues(-1, -1))
+        out = batch.handle_input_batch(entries, None, fake_host.TimerValues(-1, -1))
         return [[_codec.loads(text) for text in rows] for rows in out]
+
+    def test_rows_by_position_read_as_named_rows(self):
+        source = """
+from pyspark.sql import Row
+from pyspark.sql.streaming import StatefulProcessor
+OUTPUT_SCHEMA = "key string, fields string, n long, tags string"
+class Echo(StatefulProcessor):
+    def init(self, handle):
+        pass
+    def handleInputRows(self, key, rows, timerValues):
+        for row in rows:
+            yield Row(key=key[0], fields=",".join(row.__fields__), n=row.n,
+                      tags=repr(row["tags"]))
+"""
+        _, _, batch = self.export(source)
+        self.assertTrue(batch.positional_rows())
+        self.host.begin_batch(["a", "b"])
+        entries = [
+            fake_host.KeyRows('["a"]', ['[1,["x",null]]', "[2,[]]"]),
+            fake_host.KeyRows('["b"]', ["[3,null]"]),
+        ]
+        out = batch.handle_input_batch(entries, ["n", "tags"], fake_host.TimerValues(-1, -1))
+        rows = [[_codec.loads(text) for text in group] for group in out]
+        self.assertEqual(
+            rows,
+            [
+                [
+                    {"key": "a", "fields": "n,tags", "n": 1, "tags": "['x', None]"},
+                    {"key": "a", "fields": "n,tags", "n": 2, "tags": "[]"},
+                ],
+                [{"key": "b", "fields": "n,tags", "n": 3, "tags": "None"}],
+            ],
+        )
 
     def test_sync_batches_select_each_key_and_keep_state_per_key(self):
         _, _, batch = self.export(_COUNTER)
@@ -484,7 +517,7 @@ class BatchExportTest(unittest.TestCase):
             fake_host.KeyRows('["b"]', ['{"n":1}', '{"n":2}', "{nope"]),
         ]
         with self.assertRaises(fake_host.Err) as err:
-            batch.handle_input_batch(entries, fake_host.TimerValues(-1, -1))
+            batch.handle_input_batch(entries, None, fake_host.TimerValues(-1, -1))
         failure = err.exception.value
         self.assertEqual(failure.index, 1)
         self.assertIsInstance(failure.error, fake_host.ProcessorError_BadInputRow)

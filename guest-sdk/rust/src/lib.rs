@@ -219,8 +219,14 @@ macro_rules! export_processor {
             }
 
             impl $crate::__private::BatchGuest for StateboxExport {
+                fn positional_rows() -> bool {
+                    // serde decodes rows from objects; by position it could not fill maps.
+                    false
+                }
+
                 fn handle_input_batch(
                     groups: ::std::vec::Vec<$crate::__private::WitKeyRows>,
+                    _columns: ::core::option::Option<::std::vec::Vec<::std::string::String>>,
                     timer_values: $crate::__private::WitTimerValues,
                 ) -> ::core::result::Result<
                     ::std::vec::Vec<::std::vec::Vec<::std::string::String>>,

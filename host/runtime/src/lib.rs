@@ -15,6 +15,7 @@ mod bindings;
 pub mod catalog;
 mod host;
 mod http;
+mod positional;
 mod sandbox;
 
 use std::fmt;
@@ -216,12 +217,13 @@ impl Runtime {
         if self.config.per_key_calls {
             pre.batch = None;
         }
-        let info = Arc::new(describe(&pre, &limits)?);
+        let (info, positional) = describe(&pre, &limits)?;
         Ok(Processor {
             pre,
             hash,
-            info,
+            info: Arc::new(info),
             limits,
+            positional,
         })
     }
 
@@ -337,6 +339,8 @@ pub struct Processor {
     hash: String,
     info: Arc<ProcessorInfo>,
     limits: Limits,
+    /// The processor takes rows by position in batched calls (`positional-rows`).
+    positional: bool,
 }
 
 /// What an instance needs to know about the query it serves.
@@ -415,6 +419,7 @@ impl Processor {
             info: self.info.clone(),
             poisoned: false,
             event_time_column: None,
+            positional: false,
         };
         let result = instance.call(Function::Init, None, |b, s| {
             b.processor.call_init(s, time_mode)
@@ -454,6 +459,7 @@ impl Processor {
             info: self.info.clone(),
             poisoned: false,
             event_time_column,
+            positional: self.positional,
         };
         instance.store.data_mut().begin_init();
         let time_mode = config.time_mode;
@@ -506,8 +512,9 @@ fn extend_deadline(
     Err(wasmtime::Trap::Interrupt.into())
 }
 
-/// Calls a freshly instantiated component's `describe` and parses its schemas.
-fn describe(pre: &ExportsPre, limits: &Limits) -> Result<ProcessorInfo, LoadError> {
+/// Calls a freshly instantiated component's `describe` and parses its schemas; also asks a
+/// batched processor whether it takes rows by position.
+fn describe(pre: &ExportsPre, limits: &Limits) -> Result<(ProcessorInfo, bool), LoadError> {
     let config = InstanceConfig::detached(TimeMode::None);
     let (mut store, bindings) =
         new_store(pre, limits, "", &config).map_err(|e| LoadError::Describe(format!("{e:#}")))?;
@@ -515,11 +522,17 @@ fn describe(pre: &ExportsPre, limits: &Limits) -> Result<ProcessorInfo, LoadErro
         .processor
         .call_describe(&mut store)
         .map_err(|e| LoadError::Describe(sandbox::describe_trap(&e, &store)))?;
+    let positional = match &bindings.batch {
+        Some(batch) => batch
+            .call_positional_rows(&mut store)
+            .map_err(|e| LoadError::Describe(sandbox::describe_trap(&e, &store)))?,
+        None => false,
+    };
     let parse = |what: &str, ddl: &str| {
         Schema::parse_ddl(ddl)
             .map_err(|e| LoadError::Describe(format!("invalid {what} schema `{ddl}`: {e}")))
     };
-    Ok(ProcessorInfo {
+    let info = ProcessorInfo {
         output_schema: parse("output", &raw.output_schema)?,
         input_schema: raw
             .input_schema
@@ -528,7 +541,8 @@ fn describe(pre: &ExportsPre, limits: &Limits) -> Result<ProcessorInfo, LoadErro
             .transpose()?,
         output_event_time_column: raw.output_event_time_column,
         name: raw.name,
-    })
+    };
+    Ok((info, positional))
 }
 
 /// The times and identity of the batch being run.
@@ -550,6 +564,8 @@ pub struct Instance {
     poisoned: bool,
     /// The output event-time column checked against the watermark, in event-time mode.
     event_time_column: Option<String>,
+    /// Batched calls may pass rows by position.
+    positional: bool,
 }
 
 impl Instance {
@@ -630,17 +646,43 @@ impl Instance {
         if !self.is_batched() {
             return each_entry(groups, |g| self.handle_input_rows(g.key, g.rows));
         }
-        let entries: Vec<batch_guest::KeyRows<'_>> = groups
-            .iter()
-            .map(|g| batch_guest::KeyRows {
-                key: g.key,
-                rows: g.rows,
-            })
-            .collect();
+        let positional = if self.positional {
+            let rows: Vec<&[&str]> = groups.iter().map(|g| g.rows).collect();
+            positional::transcode(&rows)
+        } else {
+            None
+        };
+        let by_position: Vec<Vec<&str>>;
+        let columns: Option<Vec<&str>>;
+        let entries: Vec<batch_guest::KeyRows<'_>> = match &positional {
+            Some(p) => {
+                columns = Some(p.columns.iter().map(String::as_str).collect());
+                by_position = p
+                    .rows
+                    .iter()
+                    .map(|rows| rows.iter().map(String::as_str).collect())
+                    .collect();
+                groups
+                    .iter()
+                    .zip(&by_position)
+                    .map(|(g, rows)| batch_guest::KeyRows { key: g.key, rows })
+                    .collect()
+            }
+            None => {
+                columns = None;
+                groups
+                    .iter()
+                    .map(|g| batch_guest::KeyRows {
+                        key: g.key,
+                        rows: g.rows,
+                    })
+                    .collect()
+            }
+        };
         let keys = groups.iter().map(|g| g.key).collect::<Vec<_>>();
         self.batch_call(Function::HandleInputRows, &keys, |b, s, tv| {
             let batch = b.batch.as_ref().expect("checked by is_batched");
-            batch.call_handle_input_batch(s, &entries, tv)
+            batch.call_handle_input_batch(s, &entries, columns.as_deref(), tv)
         })
     }
 
