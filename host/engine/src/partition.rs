@@ -22,7 +22,7 @@ const TIMER_PAGE: usize = 1024;
 const MAX_TIMER_FIRINGS: u64 = 10_000_000;
 /// At most this many keys go to one batched call (processors that export
 /// `batch-processor`; others are called key by key)...
-const CALL_KEYS: usize = 1024;
+const CALL_KEYS: usize = 256;
 /// ... and at most about this many bytes of rows: a call's rows are copied into the guest's
 /// memory at once. A key's rows always go in one call, however large.
 const CALL_BYTES: usize = 4 << 20;
