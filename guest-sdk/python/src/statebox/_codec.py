@@ -64,6 +64,9 @@ def _fast_json():
 
 
 _dumps, _loads = _fast_json()
+# The C scanner when the fast JSON path is available (``scan(text, 0)[0]`` decodes a whole
+# valid text; it raises StopIteration on invalid input), else None.
+scan = json.JSONDecoder().scan_once if _loads is not json.loads else None
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 
 

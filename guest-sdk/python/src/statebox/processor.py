@@ -153,33 +153,59 @@ class QueryInfo:
 
 
 class _Codec:
-    """The converters of one schema: Python value <-> JSON text."""
+    """The converters of one schema: Python value <-> JSON text. ``dumps`` and ``loads`` are
+    closures built once per variable, so a state operation runs one Python frame for them
+    (they are on every state operation's path)."""
 
-    __slots__ = ("enc", "dec", "ddl", "what", "text")
+    __slots__ = ("ddl", "what", "dumps", "loads")
 
     def __init__(self, schema, what):
         data_type = as_type(schema)
         self.ddl = to_ddl(schema)
-        self.enc = _codec.encoder(data_type)
-        self.dec = _codec.decoder(data_type)
-        self.text = _codec.struct_text(data_type)
         self.what = what
+        self.dumps = _make_dumps(
+            _codec.struct_text(data_type), _codec.encoder(data_type), what
+        )
+        self.loads = _make_loads(_codec.decoder(data_type))
 
-    def dumps(self, value):
-        text = self.text
+
+def _make_dumps(text, enc, what, _dumps=_codec.dumps):
+    def dumps(value):
         if text is not None:
             fast = text(value)
             if fast is not None:
                 return fast
         if value is None:
-            raise ValueError(f"{self.what} cannot be None")
-        enc = self.enc
-        return _codec.dumps(enc(value) if enc is not None else value)
+            raise ValueError(f"{what} cannot be None")
+        return _dumps(enc(value) if enc is not None else value)
 
-    def loads(self, text):
-        value = _codec.loads(text)
-        dec = self.dec
-        return dec(value) if dec is not None else value
+    return dumps
+
+
+def _make_loads(dec, _loads=_codec.loads, _scan=_codec.scan):
+    if _scan is None:
+        if dec is None:
+            return _loads
+        return lambda text: dec(_loads(text))
+
+    if dec is None:
+
+        def loads(text):
+            try:
+                return _scan(text, 0)[0]
+            except StopIteration:
+                return _loads(text)
+
+        return loads
+
+    def loads_converted(text):
+        try:
+            value = _scan(text, 0)[0]
+        except StopIteration:
+            value = _loads(text)
+        return dec(value)
+
+    return loads_converted
 
 
 class _Pages:

@@ -18,6 +18,10 @@ class Row(tuple):
         if args and kwargs:
             raise ValueError("a Row takes either positional values or named values, not both")
         if kwargs:
+            if cls is Row:
+                # The usual `Row(a=..., b=...)`: a Row of a cached class that holds the field
+                # names, so no per-row dict is made.
+                return row_maker(tuple(kwargs))(kwargs.values())
             row = tuple.__new__(cls, kwargs.values())
             row.__dict__["__fields__"] = list(kwargs)
             return row
