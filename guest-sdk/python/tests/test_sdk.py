@@ -455,8 +455,8 @@ class Echo(StatefulProcessor):
         self.assertTrue(batch.positional_rows())
         self.host.begin_batch(["a", "b"])
         entries = [
-            fake_host.KeyRows('["a"]', ['[1,["x",null]]', "[2,[]]"]),
-            fake_host.KeyRows('["b"]', ["[3,null]"]),
+            fake_host.KeyRows('["a"]', ['[[1,["x",null]],[2,[]]]']),
+            fake_host.KeyRows('["b"]', ["[[3,null]]"]),
         ]
         out = batch.handle_input_batch(entries, ["n", "tags"], fake_host.TimerValues(-1, -1))
         rows = [[_codec.loads(text) for text in group] for group in out]

@@ -652,16 +652,12 @@ impl Instance {
         } else {
             None
         };
-        let by_position: Vec<Vec<&str>>;
+        let by_position: Vec<[&str; 1]>;
         let columns: Option<Vec<&str>>;
         let entries: Vec<batch_guest::KeyRows<'_>> = match &positional {
             Some(p) => {
                 columns = Some(p.columns.iter().map(String::as_str).collect());
-                by_position = p
-                    .rows
-                    .iter()
-                    .map(|rows| rows.iter().map(String::as_str).collect())
-                    .collect();
+                by_position = p.rows.iter().map(|rows| [rows.as_str()]).collect();
                 groups
                     .iter()
                     .zip(&by_position)

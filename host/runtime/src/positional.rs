@@ -1,18 +1,20 @@
 //! Rows by position: for a processor that asks for them (`positional-rows`), the rows of a
-//! batched call are sent as JSON arrays of their values, with the column names once per
-//! call, when every row is an object with the same columns in the same order. A guest then
-//! builds each row from a short array instead of a map (for a Python guest, the biggest
-//! cost of reading its input).
+//! batched call are sent as JSON arrays of their values, all of a key's rows in one text,
+//! with the column names once per call, when every row is an object with the same columns
+//! in the same order. A guest then builds each row from a short array instead of a map, and
+//! takes in one string per key instead of one per row (for a Python guest, the biggest
+//! costs of reading its input).
 
 use std::fmt;
 
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
-/// A call's rows by position: the column names, and per group the rows as arrays.
+/// A call's rows by position: the column names, and per group one JSON text holding an
+/// array of its rows, each an array of values.
 pub(crate) struct Positional {
     pub columns: Vec<String>,
-    pub rows: Vec<Vec<String>>,
+    pub rows: Vec<String>,
 }
 
 /// The rows of `groups` by position, or `None` if they do not all have the same columns in
@@ -23,8 +25,9 @@ pub(crate) fn transcode(groups: &[&[&str]]) -> Option<Positional> {
     let mut out = Vec::with_capacity(groups.len());
     let mut fields = Vec::new();
     for rows in groups {
-        let mut arrays = Vec::with_capacity(rows.len());
-        for row in *rows {
+        let mut array = String::with_capacity(rows.iter().map(|r| r.len()).sum::<usize>() + 2);
+        array.push('[');
+        for (n, row) in rows.iter().enumerate() {
             fields.clear();
             let mut de = serde_json::Deserializer::from_str(row);
             de.deserialize_map(FieldsVisitor(&mut fields)).ok()?;
@@ -38,7 +41,9 @@ pub(crate) fn transcode(groups: &[&[&str]]) -> Option<Positional> {
                     }
                 }
             }
-            let mut array = String::with_capacity(row.len());
+            if n > 0 {
+                array.push(',');
+            }
             array.push('[');
             for (i, (_, value)) in fields.iter().enumerate() {
                 let value = value.get();
@@ -51,9 +56,9 @@ pub(crate) fn transcode(groups: &[&[&str]]) -> Option<Positional> {
                 array.push_str(value);
             }
             array.push(']');
-            arrays.push(array);
         }
-        out.push(arrays);
+        array.push(']');
+        out.push(array);
     }
     Some(Positional {
         columns: columns?.into_iter().map(str::to_owned).collect(),
@@ -91,10 +96,7 @@ mod tests {
         assert_eq!(p.columns, ["user", "n"]);
         assert_eq!(
             p.rows,
-            [
-                vec![r#"["u1",1]"#.to_owned(), r#"["u\"2",[1,null]]"#.to_owned()],
-                vec![r#"["u3",-2.5e3]"#.to_owned()],
-            ]
+            [r#"[["u1",1],["u\"2",[1,null]]]"#, r#"[["u3",-2.5e3]]"#]
         );
     }
 

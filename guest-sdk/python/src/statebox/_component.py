@@ -222,14 +222,17 @@ class _Rows:
         self._make = make
 
     def __len__(self):
+        if self._make is not None:
+            return len(_scan_plain(self._texts[0], 0)[0])
         return len(self._texts)
 
     def __iter__(self):
         texts = self._texts
-        joined = "[" + ",".join(texts) + "]"
         make = self._make
         if make is not None:
-            return map(make, _scan_plain(joined, 0)[0])
+            # By position, the host sends one text: an array of the rows' value arrays.
+            return map(make, _scan_plain(texts[0], 0)[0])
+        joined = "[" + ",".join(texts) + "]"
         # Fast path, for rows that are flat objects with the same columns in the same order
         # (the usual case): one pass of the C decoder over all rows as one JSON array, and
         # the Rows made by C-level map() calls, with no Python code run per row.
