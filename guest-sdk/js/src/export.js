@@ -186,12 +186,15 @@ function selectKey(index) {
  * that returns a `processor-error` value: a bad input row) fails the call naming the entry.
  */
 function runBatch(count, start, finish) {
-  const out = new Array(count);
-  for (let i = 0; i < count; i++) {
-    let returned;
+  return continueBatch(new Array(count), 0, start, finish);
+}
+
+/** Runs entries `i` and on; once a handler returns a promise, the rest runs after it. */
+function continueBatch(out, i, start, finish) {
+  for (; i < out.length; i++) {
     try {
-      returned = start(i);
-      if (isThenable(returned)) return finishAsync(out, i, returned, count, start, finish);
+      const returned = start(i);
+      if (isThenable(returned)) return settleEntry(out, i, returned, start, finish);
       if (returned instanceof EntryError) {
         endCall();
         return batchError(i, returned.error);
@@ -206,36 +209,16 @@ function runBatch(count, start, finish) {
   return { tag: 'ok', val: out };
 }
 
-/** The rest of `runBatch` once a handler returned a promise. */
-async function finishAsync(out, i, pending, count, start, finish) {
-  for (;;) {
-    try {
-      out[i] = finish(i, await pending);
-      endCall();
-    } catch (err) {
-      endCall();
-      return batchError(i, { tag: 'failed', val: describeError(err) });
-    }
-    for (i += 1; i < count; i++) {
-      try {
-        const returned = start(i);
-        if (isThenable(returned)) {
-          pending = returned;
-          break;
-        }
-        if (returned instanceof EntryError) {
-          endCall();
-          return batchError(i, returned.error);
-        }
-        out[i] = finish(i, returned);
-        endCall();
-      } catch (err) {
-        endCall();
-        return batchError(i, { tag: 'failed', val: describeError(err) });
-      }
-    }
-    if (i >= count) return { tag: 'ok', val: out };
+/** Finishes entry `i` once its handler's promise settles, then runs the next entries. */
+async function settleEntry(out, i, pending, start, finish) {
+  try {
+    out[i] = finish(i, await pending);
+    endCall();
+  } catch (err) {
+    endCall();
+    return batchError(i, { tag: 'failed', val: describeError(err) });
   }
+  return continueBatch(out, i + 1, start, finish);
 }
 
 /** A `processor-error` of one entry that is not a throw (a bad input row). */
