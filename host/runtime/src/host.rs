@@ -329,7 +329,7 @@ impl HostState {
     }
 
     /// When the guest last selected a key of the batched call for the first time: each key
-    /// gets a full CPU budget from then (see `Instance::run`).
+    /// gets a full CPU budget from then (see `extend_deadline`).
     pub(crate) fn deadline_refreshed_at(&self) -> Option<std::time::Instant> {
         self.batch.as_ref().and_then(|b| b.refreshed_at)
     }
