@@ -261,6 +261,37 @@ fn randomness_per_key_is_the_same_batched_or_key_by_key() {
     assert_eq!(batched, draws(true));
 }
 
+/// `get-query-info`: the query id is fixed by the checkpoint, the run id is new per start, and
+/// the batch id is the batch in progress.
+#[test]
+fn query_info_names_the_query_the_run_and_the_batch() {
+    let mut q = EngineQuery::open(guests::MISBEHAVE, "k", 2, Default::default());
+    let seen = |out: Vec<Value>| {
+        let row = &out[0];
+        let detail = row["detail"].as_str().unwrap().to_owned();
+        let (query, run) = detail.split_once(' ').expect("query id and run id");
+        (
+            query.to_owned(),
+            run.to_owned(),
+            row["count"].as_i64().unwrap(),
+        )
+    };
+    let (query, run, batch) = seen(q.batch(&[act("a", "query-info")]));
+    assert_eq!(batch, 0);
+    assert_eq!(query.len(), 36, "a UUID: {query}");
+    assert_ne!(query, run);
+    let (query1, run1, batch1) = seen(q.batch(&[act("b", "query-info")]));
+    assert_eq!(
+        (query1.as_str(), run1.as_str(), batch1),
+        (query.as_str(), run.as_str(), 1)
+    );
+    q.reopen();
+    let (query2, run2, batch2) = seen(q.batch(&[act("a", "query-info")]));
+    assert_eq!(query2, query, "the query id survives a restart");
+    assert_ne!(run2, run, "each start is a new run");
+    assert_eq!(batch2, 2);
+}
+
 /// In a batched call a guest names a key only by its index among the call's entries; an
 /// index past them is refused and the selected key stays the same.
 #[test]

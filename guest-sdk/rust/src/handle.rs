@@ -8,7 +8,7 @@ use serde::de::DeserializeOwned;
 use crate::__private::bindings::statebox::processor::handle as wit;
 use crate::error::LiftHost;
 use crate::state::Backend;
-use crate::{ListState, MapState, Result, TimeMode, ValueState};
+use crate::{ListState, MapState, QueryInfo, Result, TimeMode, ValueState};
 
 #[cfg(not(target_arch = "wasm32"))]
 use crate::mem::SharedStore;
@@ -149,6 +149,13 @@ impl Handle {
         }
     }
 
+    /// The query the processor runs in, to keep in the processor and ask in its handlers.
+    pub fn query(&self) -> Query {
+        Query {
+            target: self.target.clone(),
+        }
+    }
+
     fn declare_value<T>(
         &mut self,
         name: &str,
@@ -244,6 +251,31 @@ impl Timers {
             Target::Host => wit::list_timers().lift(),
             #[cfg(not(target_arch = "wasm32"))]
             Target::Mem(store) => store.list_timers(),
+        }
+    }
+}
+
+/// The query the processor runs in. Obtain it in `init` with [`Handle::query`] and keep it in
+/// the processor; [`info`](Query::info) tells the query id, run id and batch id.
+#[derive(Clone)]
+pub struct Query {
+    target: Target,
+}
+
+impl Query {
+    /// The query id, this run's id and the batch in progress.
+    pub fn info(&self) -> QueryInfo {
+        match &self.target {
+            Target::Host => {
+                let info = wit::get_query_info();
+                QueryInfo {
+                    query_id: info.query_id,
+                    run_id: info.run_id,
+                    batch_id: info.batch_id,
+                }
+            }
+            #[cfg(not(target_arch = "wasm32"))]
+            Target::Mem(store) => store.query_info(),
         }
     }
 }

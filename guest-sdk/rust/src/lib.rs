@@ -99,11 +99,11 @@ pub mod testing;
 
 pub use emit::Emitter;
 pub use error::{Error, ErrorKind, Result};
-pub use handle::{Handle, Timers};
+pub use handle::{Handle, Query, Timers};
 pub use key::Key;
 pub use processor::{NoInitialState, StatefulProcessor};
 pub use state::{ListState, MapState, ValueState};
-pub use time::{ExpiredTimerInfo, TimeMode, TimerValues};
+pub use time::{ExpiredTimerInfo, QueryInfo, TimeMode, TimerValues};
 
 /// The names a processor usually needs, for `use statebox_sdk::prelude::*`.
 pub mod prelude {

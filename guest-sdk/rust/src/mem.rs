@@ -79,6 +79,8 @@ pub(crate) struct Store {
     processing_time_ms: i64,
     watermark_ms: i64,
     current_key: String,
+    /// The batch id `Query::info` reports.
+    batch_id: u64,
     vars: Vec<Var>,
     names: HashMap<String, usize>,
     declared_in_this_init: HashSet<usize>,
@@ -280,6 +282,7 @@ impl SharedStore {
             processing_time_ms,
             watermark_ms,
             current_key: String::new(),
+            batch_id: 0,
             vars: Vec::new(),
             names: HashMap::new(),
             declared_in_this_init: HashSet::new(),
@@ -289,6 +292,19 @@ impl SharedStore {
 
     pub(crate) fn time_mode(&self) -> TimeMode {
         self.0.borrow().time_mode
+    }
+
+    /// What `Query::info` reports under the harness: fixed ids and the harness's batch id.
+    pub(crate) fn query_info(&self) -> crate::QueryInfo {
+        crate::QueryInfo {
+            query_id: "harness-query".to_owned(),
+            run_id: "harness-run".to_owned(),
+            batch_id: self.0.borrow().batch_id,
+        }
+    }
+
+    pub(crate) fn set_batch_id(&self, batch_id: u64) {
+        self.0.borrow_mut().batch_id = batch_id;
     }
 
     /// Enters `phase`, acting on grouping key `key` (ignored outside handlers).

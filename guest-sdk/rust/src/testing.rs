@@ -121,6 +121,11 @@ impl<P: StatefulProcessor> TestHarness<P> {
         self.store.set_processing_time_ms(now + delta_ms);
     }
 
+    /// Sets the batch id [`Query::info`](crate::Query::info) reports (0 at first).
+    pub fn set_batch_id(&mut self, batch_id: u64) {
+        self.store.set_batch_id(batch_id);
+    }
+
     /// Sets the watermark in milliseconds (event-time mode).
     pub fn set_watermark(&mut self, ms: i64) {
         self.store.set_watermark_ms(ms);

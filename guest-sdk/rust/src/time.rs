@@ -68,3 +68,14 @@ impl ExpiredTimerInfo {
         self.expiry_time_ms
     }
 }
+
+/// The query and batch a processor runs in. Mirrors Spark's `QueryInfo`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct QueryInfo {
+    /// The query's id: fixed when its checkpoint was created, the same across restarts.
+    pub query_id: String,
+    /// This run's id: new each time the query is started.
+    pub run_id: String,
+    /// The id of the batch in progress (0 outside a batch).
+    pub batch_id: u64,
+}

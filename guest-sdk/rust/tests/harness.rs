@@ -681,3 +681,53 @@ fn output_rows_must_be_objects() {
         ErrorKind::Json
     );
 }
+
+/// Emits the query info it sees, for [`query_info_reports_the_harness_batch`].
+struct QueryEcho {
+    query: statebox_sdk::Query,
+}
+
+impl StatefulProcessor for QueryEcho {
+    const NAME: &'static str = "query-echo";
+    const OUTPUT_SCHEMA: &'static str = "query_id string, run_id string, batch_id long";
+    type Input = serde_json::Value;
+    type Output = serde_json::Value;
+    type InitialState = NoInitialState;
+
+    fn init(handle: &mut Handle) -> Result<Self> {
+        Ok(QueryEcho {
+            query: handle.query(),
+        })
+    }
+
+    fn handle_input_rows(
+        &mut self,
+        _key: &Key,
+        _rows: Vec<Self::Input>,
+        _timer_values: TimerValues,
+        out: &mut Emitter<Self::Output>,
+    ) -> Result<()> {
+        let info = self.query.info();
+        out.emit(serde_json::json!({
+            "query_id": info.query_id,
+            "run_id": info.run_id,
+            "batch_id": info.batch_id,
+        }))
+    }
+}
+
+#[test]
+fn query_info_reports_the_harness_batch() {
+    let mut h = TestHarness::<QueryEcho>::new(TimeMode::None).unwrap();
+    let out = h
+        .handle_input_rows("k", vec![serde_json::json!({})])
+        .unwrap();
+    assert_eq!(out[0]["batch_id"], 0);
+    assert_eq!(out[0]["query_id"], "harness-query");
+    h.set_batch_id(7);
+    let out = h
+        .handle_input_rows("k", vec![serde_json::json!({})])
+        .unwrap();
+    assert_eq!(out[0]["batch_id"], 7);
+    assert_eq!(out[0]["run_id"], "harness-run");
+}

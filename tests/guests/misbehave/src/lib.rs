@@ -23,6 +23,7 @@
 //! | `declare` | declares a state variable and calls `delete-if-exists` outside `init` |
 //! | `timer` | registers a timer |
 //! | `use-key` | selects an entry past the batched call's (`use-key`), then reads `count` |
+//! | `query-info` | emits the query id and run id (detail) and the batch id (count) |
 //! | `init-report` | emits what happened when `init` touched state and timers, and declared `count` again (same schema, another schema, another kind) and a variable with an invalid schema |
 //!
 //! For `read-file`, `env`, `declare` and `timer` the `count` column is the number of
@@ -49,6 +50,7 @@ pub struct Row {
 pub struct Misbehave {
     count: ValueState<i64>,
     timers: Timers,
+    query: statebox_sdk::Query,
     /// What touching state and timers inside `init` returned; emitted by `init-report`.
     init_report: String,
 }
@@ -212,6 +214,11 @@ impl Misbehave {
                 let count = outcome(self.count.get().map(|c| c.unwrap_or(0)));
                 self.emit_attempts(k, action, &[far, count], out)
             }
+            "query-info" => {
+                let info = self.query.info();
+                let detail = format!("{} {}", info.query_id, info.run_id);
+                out.emit(Self::row(k, action, detail, info.batch_id as i64))
+            }
             "init-report" => out.emit(Self::row(k, action, self.init_report.clone(), 0)),
             other => statebox_sdk::bail!("unknown action `{other}`"),
         }
@@ -253,6 +260,7 @@ impl StatefulProcessor for Misbehave {
         Ok(Misbehave {
             count,
             timers,
+            query: handle.query(),
             init_report: format!(
                 "state: {state} | timers: {timer} | again: {again} | schema change: {schema} \
                  | kind change: {kind} | invalid schema: {invalid}"
