@@ -180,7 +180,7 @@ function selectKey(index) {
 
 /**
  * Runs a batched call's entries in order: for each, `start(i)` selects its key and calls the
- * handler, and `finish(i, returned)` encodes what it returned (a generator runs here), both
+ * handler, and `finish(returned)` encodes what it returned (a generator runs here), both
  * while the entry's key is selected. A handler that returns a promise is awaited before the
  * next entry starts, so each key's state operations see only that key. A throw (or a `start`
  * that returns a `processor-error` value: a bad input row) fails the call naming the entry.
@@ -199,7 +199,7 @@ function continueBatch(out, i, start, finish) {
         endCall();
         return batchError(i, returned.error);
       }
-      out[i] = finish(i, returned);
+      out[i] = finish(returned);
       endCall();
     } catch (err) {
       endCall();
@@ -212,7 +212,7 @@ function continueBatch(out, i, start, finish) {
 /** Finishes entry `i` once its handler's promise settles, then runs the next entries. */
 async function settleEntry(out, i, pending, start, finish) {
   try {
-    out[i] = finish(i, await pending);
+    out[i] = finish(await pending);
     endCall();
   } catch (err) {
     endCall();
@@ -286,7 +286,7 @@ export function exportProcessor(definition) {
           selectKey(i);
           return p.handleInputRows(keys[i], rows, timers);
         },
-        (_i, returned) => encode(returned),
+        encode,
       );
     },
 
@@ -310,7 +310,7 @@ export function exportProcessor(definition) {
           const expired = new ExpiredTimerInfo(Number(entries[i].expiredTimerInfo.expiryTimeMs));
           return p.handleExpiredTimer(keys[i], timers, expired);
         },
-        (_i, returned) => encode(returned),
+        encode,
       );
     },
   };

@@ -584,9 +584,9 @@ def export(
                     raise failed("close", e) from None
 
     class BatchProcessor(exports.BatchProcessor):
-        # The throughput path: one export call for up to a few hundred keys. Everything the
-        # loop needs is bound to a local first; per entry it selects the key, runs the
-        # handler as the single-key path does and encodes the rows with C-level map().
+        # The throughput path: one export call for up to a few hundred keys; per entry
+        # `each_entry` selects the key, runs the handler as the single-key path does and
+        # encodes the rows with C-level map().
 
         def positional_rows(self):
             # Rows by position skip building a dict per row: the biggest part of reading
@@ -594,41 +594,43 @@ def export(
             return True
 
         def handle_input_batch(self, groups, columns, timer_values_):
-            proc = batch_processor()
+            handler = batch_processor().handleInputRows
             tv = timer_values(timer_values_)
-            handler = proc.handleInputRows
-            select, key_of, rows_of, encode = use_key, _key, _Rows, encode_row
             make = None if columns is None else row_maker(tuple(columns))
-            out = []
-            append = out.append
-            index = 0
-            try:
-                for group in groups:
-                    select(index)
-                    rows = handler(key_of(group.key), rows_of(group.rows, make), tv)
-                    append([] if rows is None else list(map(encode, rows)))
-                    index += 1
-            except BaseException as e:  # noqa: BLE001
-                raise Err(BatchError(index, error_of("handleInputRows", e))) from None
-            return out
+            return each_entry(
+                groups,
+                "handleInputRows",
+                lambda group: handler(_key(group.key), _Rows(group.rows, make), tv),
+            )
 
         def handle_expired_timers(self, timers, timer_values_):
-            proc = batch_processor()
+            handler = batch_processor().handleExpiredTimer
             tv = timer_values(timer_values_)
-            handler = proc.handleExpiredTimer
-            select, key_of, encode = use_key, _key, encode_row
-            out = []
-            append = out.append
-            index = 0
-            try:
-                for timer in timers:
-                    select(index)
-                    info_ = ExpiredTimerInfo(timer.expired_timer_info.expiry_time_ms)
-                    rows = handler(key_of(timer.key), tv, info_)
-                    append([] if rows is None else list(map(encode, rows)))
-                    index += 1
-            except BaseException as e:  # noqa: BLE001
-                raise Err(BatchError(index, error_of("handleExpiredTimer", e))) from None
-            return out
+            return each_entry(
+                timers,
+                "handleExpiredTimer",
+                lambda timer: handler(
+                    _key(timer.key),
+                    tv,
+                    ExpiredTimerInfo(timer.expired_timer_info.expiry_time_ms),
+                ),
+            )
+
+    def each_entry(entries, method, run):
+        """Runs the entries of a batched call in order: selects entry ``i``'s key, runs it and
+        encodes the rows it emitted. A failure is reported with the entry's index."""
+        select, encode = use_key, encode_row
+        out = []
+        append = out.append
+        index = 0
+        try:
+            for entry in entries:
+                select(index)
+                rows = run(entry)
+                append([] if rows is None else list(map(encode, rows)))
+                index += 1
+        except BaseException as e:  # noqa: BLE001
+            raise Err(BatchError(index, error_of(method, e))) from None
+        return out
 
     return Processor, BatchProcessor
