@@ -9,6 +9,7 @@ the Python value (numbers, strings, booleans) cost nothing.
 import base64
 import datetime
 import json
+import struct as _struct
 
 from .row import Row, row_maker
 from .types import (
@@ -205,6 +206,10 @@ def decoder(dt):
         return _date_from_json
     if isinstance(dt, BinaryType):
         return _binary_from_json
+    if isinstance(dt, FloatType):
+        # Spark's float state holds single precision: 0.1 + 0.2 reads back as
+        # 0.30000001192092896.
+        return to_f32
     return None
 
 
@@ -274,6 +279,164 @@ def encoder(dt):
     return None
 
 
+# --- input rows, as PySpark hands them to handleInputRows ---------------------------------
+
+_F32 = _struct.Struct("<f")
+
+
+def to_f32(v):
+    """A number rounded to single precision, as Spark's ``float`` holds it (0.1 reads back
+    as 0.10000000149011612). Values out of its range become +/-inf, as a Java float cast."""
+    if v is None or isinstance(v, bool):
+        return v
+    try:
+        return _F32.unpack(_F32.pack(v))[0]
+    except OverflowError:
+        return float("inf") if v > 0 else float("-inf")
+    except _struct.error:
+        return v
+
+
+def _input_ts(v):
+    # Spark hands timestamps over in the session time zone; Statebox's is UTC.
+    return _ts_from_json(v).astimezone(datetime.timezone.utc) if v is not None else None
+
+
+def _input_ts_ntz(v):
+    if v is None:
+        return None
+    parsed = _ts_from_json(v)
+    return parsed.replace(tzinfo=None) if isinstance(parsed, datetime.datetime) else parsed
+
+
+def input_value(dt):
+    """A function from an input column's JSON value to the Python value PySpark 4.3 hands a
+    row-based handler for type ``dt``, or None when they are the same: ``float`` rounded to
+    single precision, ``struct`` a ``dict``, ``map`` a list of ``(key, value)`` tuples,
+    ``timestamp`` an aware ``datetime`` (UTC), ``date`` a ``date``, ``binary`` ``bytes``."""
+    from .types import FloatType as _Float
+
+    if isinstance(dt, _Float):
+        return to_f32
+    if isinstance(dt, StructType):
+        subs = [(f.name, input_value(f.dataType)) for f in dt.fields]
+
+        def struct(obj):
+            if obj is None:
+                return None
+            if isinstance(obj, list):
+                obj = dict(zip((n for n, _ in subs), obj))
+            return {
+                n: (s(obj.get(n)) if s is not None and obj.get(n) is not None else obj.get(n))
+                for n, s in subs
+            }
+
+        return struct
+    if isinstance(dt, MapType):
+        key = _map_key_from_json(dt.keyType)
+        sub = input_value(dt.valueType)
+
+        def pairs(obj):
+            if obj is None:
+                return None
+            return [
+                (key(k), sub(v) if sub is not None and v is not None else v)
+                for k, v in obj.items()
+            ]
+
+        return pairs
+    if isinstance(dt, ArrayType):
+        sub = input_value(dt.elementType)
+        if sub is None:
+            return None
+        return lambda arr: None if arr is None else [None if x is None else sub(x) for x in arr]
+    if isinstance(dt, TimestampType):
+        return _input_ts
+    if isinstance(dt, TimestampNTZType):
+        return _input_ts_ntz
+    if isinstance(dt, DateType):
+        return _date_from_json
+    if isinstance(dt, BinaryType):
+        return _binary_from_json
+    return None
+
+
+class InputRows:
+    """Makes the input rows of a call the way PySpark hands them over: a ``Row`` per record
+    with the input schema's columns in the schema's order, a column absent from the record
+    as ``None``, and values of the schema's types (see :func:`input_value`).
+
+    Without a schema (no ``INPUT_SCHEMA``), the columns are those of the call's records, in
+    the order first seen, and a column a record lacks reads as ``None``, as it would under
+    the schema Spark infers from JSON; nested objects are ``dict``s, as Spark's inferred
+    structs are."""
+
+    __slots__ = ("names", "convs", "plain", "_make")
+
+    def __init__(self, schema=None):
+        if schema is None:
+            self.names = None
+            self.convs = None
+            self.plain = True
+            self._make = None
+        else:
+            self.names = tuple(schema.names)
+            self.convs = [input_value(f.dataType) for f in schema.fields]
+            self.plain = not any(self.convs)
+            self._make = row_maker(self.names)
+
+    def from_lists(self, columns, lists):
+        """Rows from value arrays whose items are the values of ``columns``, in order."""
+        names = self.names
+        if names is None or tuple(columns) == names:
+            make = self._make if names is not None else row_maker(tuple(columns))
+            if self.plain:
+                return map(make, lists)
+            convs = self.convs
+            return (
+                make([v if c is None or v is None else c(v) for c, v in zip(convs, values)])
+                for values in lists
+            )
+        index = {c: i for i, c in enumerate(columns)}
+        picks = [(index.get(n), c) for n, c in zip(names, self.convs)]
+        make = self._make
+
+        def one(values):
+            out = []
+            for i, c in picks:
+                v = None if i is None else values[i]
+                out.append(v if c is None or v is None else c(v))
+            return make(out)
+
+        return map(one, lists)
+
+    def from_dicts(self, dicts):
+        """Rows from JSON objects (column name -> value)."""
+        names = self.names
+        if names is None:
+            shapes = set(map(tuple, dicts))
+            if len(shapes) == 1:
+                return map(row_maker(shapes.pop()), map(dict.values, dicts))
+            seen = {}
+            for d in dicts:
+                for k in d:
+                    seen.setdefault(k, None)
+            names = tuple(seen)
+            make = row_maker(names)
+            return (make(map(d.get, names)) for d in dicts)
+        make = self._make
+        if self.plain:
+            return (make(map(d.get, names)) for d in dicts)
+        pairs = list(zip(names, self.convs))
+        return (
+            make([
+                v if c is None or v is None else c(v)
+                for v, c in ((d.get(n), c) for n, c in pairs)
+            ])
+            for d in dicts
+        )
+
+
 def plain(value):
     """An output value as JSON-able data without a schema: Rows with names become objects,
     tuples and lists arrays, datetimes epoch milliseconds, bytes base64."""
@@ -298,12 +461,69 @@ def plain(value):
     raise TypeError(f"cannot emit a value of type {t.__name__}: {value!r}")
 
 
+def f32_text_value(v):
+    """A float column's value as Spark writes it: rounded to single precision, as the
+    shortest decimal that reads back to the same single-precision value (``0.1 + 0.2``
+    stored as ``float`` is written ``0.3``, as Java's ``Float.toString`` prints it)."""
+    if type(v) is bool or not isinstance(v, (int, float)):
+        return v
+    narrowed = to_f32(v)
+    if narrowed != narrowed or narrowed in (float("inf"), float("-inf")):
+        return narrowed
+    for digits in range(1, 10):
+        short = float("%.*g" % (digits, narrowed))
+        if to_f32(short) == narrowed:
+            return short
+    return narrowed
+
+
+def _output_fixers(output_schema):
+    """Per output column, a function that turns an emitted value into the JSON value for the
+    host, or None when nothing needs doing (most columns)."""
+    from .types import StringType
+
+    fixers = {}
+    for f in output_schema.fields:
+        if isinstance(f.dataType, FloatType):
+            fixers[f.name] = f32_text_value
+        elif isinstance(f.dataType, StringType):
+            name = f.name
+
+            def string_column(v, name=name):
+                if isinstance(v, tuple):
+                    # Most often `Row(id=key)` with the key tuple: PySpark fails on it too
+                    # (pyarrow: "Expected bytes, got a 'tuple' object").
+                    raise TypeError(
+                        f"output column {name!r} is a string but the row gives the tuple "
+                        f"{v!r}; the grouping key is a tuple of the key columns' values: "
+                        f"emit key[0] for a single key column"
+                    )
+                return v
+
+            fixers[f.name] = string_column
+    return fixers
+
+
 def row_encoder(output_schema):
     """A function from an emitted row (a ``Row``, a ``dict``, or a plain tuple in the output
-    schema's field order) to its JSON text."""
+    schema's field order) to its JSON text. As in PySpark, a ``Row`` or dict that leaves out
+    a column of the schema emits that column as ``null`` (the host refuses it if the column
+    is NOT NULL), ``float`` columns hold single-precision values, and columns are written in
+    the schema's order."""
     names = list(output_schema.names) if isinstance(output_schema, StructType) else None
     prims = (str, int, float, bool, type(None))
     text = struct_text(output_schema)
+    fixers = _output_fixers(output_schema) if names is not None else {}
+
+    def fill(pairs):
+        # Schema columns first, in order (absent ones null), then any extra the host refuses.
+        obj = dict.fromkeys(names) if names is not None else {}
+        for k, v in pairs:
+            fix = fixers.get(k)
+            if fix is not None and v is not None:
+                v = fix(v)
+            obj[k] = v if type(v) in prims else plain(v)
+        return obj
 
     def encode(row):
         if isinstance(row, tuple):
@@ -322,18 +542,19 @@ def row_encoder(output_schema):
                         f"{len(names)} field(s) ({', '.join(names)}): {row!r}"
                     )
                 fields = names
-            obj = {}
-            for k, v in zip(fields, row):
-                obj[k] = v if type(v) in prims else plain(v)
-            return _dumps(obj)
+            if not fixers and fields == names:
+                obj = {}
+                for k, v in zip(fields, row):
+                    obj[k] = v if type(v) in prims else plain(v)
+                return _dumps(obj)
+            return _dumps(fill(zip(fields, row)))
         if isinstance(row, dict):
-            return _dumps({str(k): plain(v) for k, v in row.items()})
+            return _dumps(fill((str(k), v) for k, v in row.items()))
         raise TypeError(
             f"a processor must emit Rows (or dicts or tuples), got {type(row).__name__}: {row!r}"
         )
 
     return encode
-
 
 
 def struct_text(dt):

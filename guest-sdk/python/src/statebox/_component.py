@@ -16,7 +16,7 @@ import sys
 import traceback
 import types as _types
 
-from . import _codec
+from . import _checks, _codec
 from ._host import HostError, handle_module
 from .aio import (
     AsyncStatefulProcessor,
@@ -32,7 +32,7 @@ from .processor import (
     TimerValues,
     _lift,
 )
-from .row import Row, row_maker
+from .row import Row
 from .types import StructType, as_type, to_ddl
 
 
@@ -88,8 +88,15 @@ def load_module(source_path, display_path, module_name):
     code = compile(source, display_path, "exec")
     module = _types.ModuleType(module_name)
     module.__file__ = display_path
+    module.__statebox_code__ = code
     sys.modules[module_name] = module
-    exec(code, module.__dict__)
+    try:
+        exec(code, module.__dict__)
+    except ImportError as e:
+        line = _checks.line_in(e.__traceback__, display_path)
+        raise ProcessorDefinitionError(
+            f"{display_path}:{line}: {_checks.explain_import(e)}"
+        ) from None
     return module
 
 
@@ -182,7 +189,8 @@ def check_processor(cls, display_path):
         if not is_async and coroutine:
             raise ProcessorDefinitionError(
                 f"{where}: {cls.__name__}.{name} is `async def`: subclass "
-                f"AsyncStatefulProcessor (from statebox.aio) for an asynchronous processor"
+                f"AsyncStatefulProcessor (from pyspark.sql.streaming import "
+                f"AsyncStatefulProcessor) for an asynchronous processor"
             )
     return is_async
 
@@ -211,53 +219,42 @@ def _schema_setting(value, what, display_path):
 
 class _Rows:
     """The input rows of one call: iterable (also with ``async for``) as ``Row``s, each
-    decoded as it is reached."""
+    decoded as it is reached, in the shape PySpark hands them over (see
+    ``_codec.InputRows``: the input schema's columns in order, absent ones ``None``)."""
 
-    __slots__ = ("_texts", "_make")
+    __slots__ = ("_texts", "_columns", "_shape")
 
-    def __init__(self, texts, make=None):
+    def __init__(self, texts, columns=None, shape=None):
         self._texts = texts
-        # Set when the host sent the rows by position (JSON arrays of the values of known
-        # columns): it makes a Row of those columns from a list of values.
-        self._make = make
+        # Set when the host sent the rows by position: the columns of each value array.
+        self._columns = columns
+        self._shape = shape if shape is not None else _NO_SCHEMA
 
     def __len__(self):
-        if self._make is not None:
+        if self._columns is not None:
             return len(_scan_plain(self._texts[0], 0)[0])
         return len(self._texts)
 
     def __iter__(self):
         texts = self._texts
-        make = self._make
-        if make is not None:
+        if self._columns is not None:
             # By position, the host sends one text: an array of the rows' value arrays.
-            return map(make, _scan_plain(texts[0], 0)[0])
-        joined = "[" + ",".join(texts) + "]"
-        # Fast path, for rows that are flat objects with the same columns in the same order
-        # (the usual case): one pass of the C decoder over all rows as one JSON array, and
-        # the Rows made by C-level map() calls, with no Python code run per row.
-        if joined.count("{") == len(texts):
-            try:
-                dicts = _scan_plain(joined, 0)[0]
-            except (ValueError, StopIteration):
-                dicts = None
-            if dicts is not None and len(dicts) == len(texts):
-                shapes = set(map(tuple, dicts))
-                if len(shapes) == 1:
-                    make = row_maker(shapes.pop())
-                    return map(make, map(dict.values, dicts))
+            return self._shape.from_lists(self._columns, _scan_plain(texts[0], 0)[0])
+        # One pass of the C decoder over all rows as one JSON array.
         try:
-            rows = _load_rows(texts)
-            if len(rows) != len(texts):
-                raise ValueError("a row is not exactly one JSON value")
-        except ValueError:
+            dicts = _scan_plain("[" + ",".join(texts) + "]", 0)[0]
+            if len(dicts) != len(texts) or not all(type(d) is dict for d in dicts):
+                raise ValueError("a row is not exactly one JSON object")
+        except (ValueError, StopIteration):
             for index, text in enumerate(texts):
                 try:
-                    _load_row(text)
+                    value = json.loads(text)
                 except ValueError as e:
                     raise BadInputRow(index, f"input row is not valid JSON: {e}") from None
+                if type(value) is not dict:
+                    raise BadInputRow(index, "input row is not a JSON object") from None
             raise
-        return iter(rows)
+        return self._shape.from_dicts(dicts)
 
     async def _aiter(self):
         for row in self:
@@ -265,6 +262,9 @@ class _Rows:
 
     def __aiter__(self):
         return self._aiter()
+
+
+_NO_SCHEMA = _codec.InputRows(None)
 
 
 def _to_row(obj, _new=tuple.__new__):
@@ -280,14 +280,6 @@ _scan_plain = json.JSONDecoder().scan_once
 def _load_row(text, _decode=_ROW_DECODER.decode):
     """One JSON text, objects as ``Row``s (strict: the whole text must be one value)."""
     return _decode(text)
-
-
-def _load_rows(texts, _scan=_ROW_DECODER.scan_once):
-    """All rows of a call in one pass of the C decoder, as a JSON array."""
-    try:
-        return _scan("[" + ",".join(texts) + "]", 0)[0]
-    except StopIteration:
-        raise ValueError("not a JSON array") from None
 
 
 def _key(text):
@@ -346,6 +338,12 @@ def export(
     found = find_processor(module, display_path, class_name)
     cls = found if isinstance(found, type) else type(found)
     is_async = check_processor(cls, display_path)
+    undefined = _checks.undefined_globals(
+        cls, module, module.__statebox_code__, display_path
+    )
+    if undefined is not None:
+        line, message = undefined
+        raise ProcessorDefinitionError(f"{display_path}:{line}: {message}")
 
     output = _schema_setting(
         output_schema
@@ -378,6 +376,12 @@ def export(
         output_event_time_column=event_time_column,
     )
     encode_row = _codec.row_encoder(output_type)
+    input_type = inputs[1] if inputs else None
+    if input_type is not None and not isinstance(input_type, StructType):
+        raise ProcessorDefinitionError(
+            f"{display_path}:1: the input schema {inputs[0]!r} must be a list of fields"
+        )
+    shape = _codec.InputRows(input_type)
     time_modes = {
         wit.TimeMode.NONE: "none",
         wit.TimeMode.PROCESSING_TIME: "processing-time",
@@ -474,7 +478,7 @@ def export(
                 tv = timer_values(timer_values_)
 
                 async def go():
-                    out = await collect(proc.handleInputRows(_key(key), _Rows(rows), tv))
+                    out = await collect(proc.handleInputRows(_key(key), _Rows(rows, None, shape), tv))
                     return [encode_row(r) for r in out]
 
                 return call("handleInputRows", go)
@@ -516,10 +520,11 @@ def export(
                 proc = batch_processor()
                 tv = timer_values(timer_values_)
                 handler = proc.handleInputRows
-                make = None if columns is None else row_maker(tuple(columns))
 
                 async def go(group):
-                    out = await collect(handler(_key(group.key), _Rows(group.rows, make), tv))
+                    out = await collect(
+                        handler(_key(group.key), _Rows(group.rows, columns, shape), tv)
+                    )
                     return list(map(encode_row, out))
 
                 return call_batch("handleInputRows", [go(g) for g in groups])
@@ -554,7 +559,7 @@ def export(
             proc = processor("handleInputRows")
             try:
                 tv = timer_values(timer_values_)
-                return encode_all(proc.handleInputRows(_key(key), _Rows(rows), tv))
+                return encode_all(proc.handleInputRows(_key(key), _Rows(rows, None, shape), tv))
             except BaseException as e:  # noqa: BLE001
                 raise failed("handleInputRows", e) from None
 
@@ -596,11 +601,10 @@ def export(
         def handle_input_batch(self, groups, columns, timer_values_):
             handler = batch_processor().handleInputRows
             tv = timer_values(timer_values_)
-            make = None if columns is None else row_maker(tuple(columns))
             return each_entry(
                 groups,
                 "handleInputRows",
-                lambda group: handler(_key(group.key), _Rows(group.rows, make), tv),
+                lambda group: handler(_key(group.key), _Rows(group.rows, columns, shape), tv),
             )
 
         def handle_expired_timers(self, timers, timer_values_):

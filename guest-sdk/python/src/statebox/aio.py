@@ -64,8 +64,31 @@ class AsyncStatefulProcessor:
         return None
 
 
-class _AsyncPages:
-    """An async iterator over a synchronous one (a paged host iterator)."""
+class _Awaitable:
+    """Mixin: ``await obj`` is ``obj``. The async handle's declarations and timer calls run
+    at once and return such objects, so both spellings in use work: the Databricks
+    documentation's ``self.count = handle.getValueState(...)`` (creating state objects stays
+    synchronous) and ``await handle.getValueState(...)``."""
+
+    __slots__ = ()
+
+    def __await__(self):
+        return self
+        yield  # noqa: unreachable - makes this a generator that finishes at once
+
+
+class _Done(_Awaitable):
+    """The result of an operation that already ran: awaiting it is optional."""
+
+    __slots__ = ()
+
+
+_DONE = _Done()
+
+
+class _AsyncPages(_Awaitable):
+    """An async iterator over a synchronous one (a paged host iterator); also iterable with
+    plain ``for``, and ``await``-able (giving itself)."""
 
     __slots__ = ("_it",)
 
@@ -85,7 +108,7 @@ class _AsyncPages:
         return self._it
 
 
-class AsyncValueState:
+class AsyncValueState(_Awaitable):
     """``ValueState`` with awaitable operations."""
 
     __slots__ = ("_s",)
@@ -106,7 +129,7 @@ class AsyncValueState:
         self._s.clear()
 
 
-class AsyncListState:
+class AsyncListState(_Awaitable):
     """``ListState`` with awaitable operations; ``get()`` is used with ``async for``."""
 
     __slots__ = ("_s",)
@@ -133,7 +156,7 @@ class AsyncListState:
         self._s.clear()
 
 
-class AsyncMapState:
+class AsyncMapState(_Awaitable):
     """``MapState`` with awaitable operations; ``iterator()``, ``keys()`` and ``values()``
     are used with ``async for``."""
 
@@ -183,25 +206,31 @@ class AsyncStatefulProcessorHandle:
     def timeMode(self):
         return self._h.timeMode
 
-    async def getValueState(self, stateName, schema, ttlDurationMs=None):
+    # Declaring state and timer calls run immediately (as in the Databricks async API, where
+    # creating state objects is synchronous); what they return may also be awaited.
+
+    def getValueState(self, stateName, schema, ttlDurationMs=None):
         return AsyncValueState(self._h.getValueState(stateName, schema, ttlDurationMs))
 
-    async def getListState(self, stateName, schema, ttlDurationMs=None):
+    def getListState(self, stateName, schema, ttlDurationMs=None):
         return AsyncListState(self._h.getListState(stateName, schema, ttlDurationMs))
 
-    async def getMapState(self, stateName, userKeySchema, valueSchema, ttlDurationMs=None):
+    def getMapState(self, stateName, userKeySchema, valueSchema, ttlDurationMs=None):
         return AsyncMapState(
             self._h.getMapState(stateName, userKeySchema, valueSchema, ttlDurationMs)
         )
 
-    async def deleteIfExists(self, stateName):
+    def deleteIfExists(self, stateName):
         self._h.deleteIfExists(stateName)
+        return _DONE
 
-    async def registerTimer(self, expiryTimestampMs):
+    def registerTimer(self, expiryTimestampMs):
         self._h.registerTimer(expiryTimestampMs)
+        return _DONE
 
-    async def deleteTimer(self, expiryTimestampMs):
+    def deleteTimer(self, expiryTimestampMs):
         self._h.deleteTimer(expiryTimestampMs)
+        return _DONE
 
     def listTimers(self):
         return _AsyncPages(self._h.listTimers())
