@@ -4,6 +4,19 @@ Statebox over the same input, and compares the outputs batch by batch.
 
     python spark_compare.py PROCESSOR.py --input DIR --key COL[,COL] [--time-mode none]
         [--output-mode update] [--statebox PATH] [--bench]
+    python spark_compare.py FIXTURE_DIR [--statebox PATH] [--write-expected]
+
+A fixture folder (``tests/fixtures/pyspark/<name>``) holds ``processor.py``, ``input/`` and
+``query.json`` (``key``, ``time_mode``, ``output_mode``; ``input`` and ``expected`` may point
+to another fixture's). ``--write-expected`` stores PySpark's output as the fixture's
+``expected.jsonl`` (one line per output row: ``{"batch": i, "row": {...}}``), which the test
+suite compares Statebox's output with, so CI needs no PySpark. A fixture whose query names
+another ``expected`` file (an async processor: PySpark 4.3 has no AsyncStatefulProcessor) is
+compared with that file instead of run on PySpark.
+
+Rows are compared field by field in Statebox's JSON conventions (the SDK's): timestamps as
+epoch milliseconds, dates ISO, binary base64, ``float`` columns as single-precision values
+written shortest, every column present (PySpark's null ones as ``null``).
 
 ``DIR`` holds JSON Lines files; both engines read them in name order, one file per
 micro-batch. The processor file must run on both unchanged: it imports ``pyspark`` and sets
@@ -16,6 +29,8 @@ With ``--bench`` it also reports each engine's events per second over the whole 
 """
 
 import argparse
+import base64
+import datetime
 import importlib.util
 import inspect
 import json
@@ -24,9 +39,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import struct
 import time
 from collections import Counter
 from pathlib import Path
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 
 
 def load_processor(path):
@@ -46,6 +64,71 @@ def load_processor(path):
     if len(classes) != 1:
         sys.exit(f"{path}: expected one StatefulProcessor subclass, found {len(classes)}")
     return module, classes[0]
+
+
+def output_schema_of(module, cls):
+    for holder in (module, cls):
+        for name in ("OUTPUT_SCHEMA", "outputSchema", "output_schema"):
+            value = getattr(holder, name, None)
+            if value is not None:
+                return value
+    sys.exit("the processor file sets no OUTPUT_SCHEMA / output_schema")
+
+
+def _f32(v):
+    try:
+        return struct.unpack("<f", struct.pack("<f", v))[0]
+    except OverflowError:
+        return float("inf") if v > 0 else float("-inf")
+
+
+def f32_text(v):
+    """As the SDK writes a float column: single precision, shortest decimal."""
+    narrowed = _f32(v)
+    for digits in range(1, 10):
+        short = float("%.*g" % (digits, narrowed))
+        if _f32(short) == narrowed:
+            return short
+    return narrowed
+
+
+def normalize(value, data_type):
+    """A PySpark output value in Statebox's JSON conventions, per the column's type."""
+    from pyspark.sql.types import (
+        ArrayType,
+        BinaryType,
+        DateType,
+        FloatType,
+        MapType,
+        StructType,
+        TimestampNTZType,
+        TimestampType,
+    )
+
+    if value is None:
+        return None
+    if isinstance(data_type, FloatType):
+        return f32_text(value)
+    if isinstance(data_type, (TimestampType, TimestampNTZType)):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=datetime.timezone.utc)
+        return (value - _EPOCH) // datetime.timedelta(milliseconds=1)
+    if isinstance(data_type, DateType):
+        return value.isoformat()
+    if isinstance(data_type, BinaryType):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(data_type, ArrayType):
+        return [normalize(v, data_type.elementType) for v in value]
+    if isinstance(data_type, MapType):
+        return {str(k): normalize(v, data_type.valueType) for k, v in value.items()}
+    if isinstance(data_type, StructType):
+        return normalize_row(value, data_type)
+    return value
+
+
+def normalize_row(row, schema):
+    values = row.asDict() if hasattr(row, "asDict") else dict(row)
+    return {f.name: normalize(values.get(f.name), f.dataType) for f in schema.fields}
 
 
 def infer_schema(files):
@@ -84,7 +167,7 @@ def run_spark(processor_file, files, keys, time_mode, output_mode, work):
     from pyspark.sql import SparkSession
 
     module, cls = load_processor(processor_file)
-    output_schema = getattr(module, "OUTPUT_SCHEMA")
+    output_schema = output_schema_of(module, cls)
     input_schema = getattr(module, "INPUT_SCHEMA", None) or infer_schema(files)
     if isinstance(input_schema, str) and any(k not in input_schema for k in keys):
         input_schema = infer_schema(files)
@@ -116,8 +199,15 @@ def run_spark(processor_file, files, keys, time_mode, output_mode, work):
     )
     batches = {}
 
+    from pyspark.sql.types import StructType, _parse_datatype_string
+
+    schema = output_schema
+    if isinstance(schema, str):
+        schema = _parse_datatype_string(schema)
+    assert isinstance(schema, StructType), schema
+
     def collect(batch_df, batch_id):
-        batches[batch_id] = [json.loads(r) for r in batch_df.toJSON().collect()]
+        batches[batch_id] = [normalize_row(r, schema) for r in batch_df.collect()]
 
     out = df.groupBy(*keys).transformWithState(
         statefulProcessor=cls(),
@@ -194,16 +284,46 @@ def canonical(rows):
     return Counter(json.dumps(r, sort_keys=True) for r in rows)
 
 
+def read_expected(path, batches):
+    out = [[] for _ in range(batches)]
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            item = json.loads(line)
+            out[item["batch"]].append(item["row"])
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("processor", type=Path)
-    parser.add_argument("--input", type=Path, required=True)
-    parser.add_argument("--key", required=True)
+    parser.add_argument("processor", type=Path, help="a processor file or a fixture folder")
+    parser.add_argument("--input", type=Path)
+    parser.add_argument("--key")
     parser.add_argument("--time-mode", default="none")
     parser.add_argument("--output-mode", default="update")
     parser.add_argument("--statebox", default=os.environ.get("STATEBOX", "statebox"))
     parser.add_argument("--bench", action="store_true")
+    parser.add_argument(
+        "--write-expected", action="store_true", help="store PySpark's output in the fixture"
+    )
+    parser.add_argument(
+        "--spark-only", action="store_true", help="run PySpark only (with --write-expected)"
+    )
     args = parser.parse_args()
+
+    expected_file = None
+    reuse_expected = False
+    if args.processor.is_dir():
+        fixture = args.processor.resolve()
+        query = json.loads((fixture / "query.json").read_text())
+        args.processor = fixture / "processor.py"
+        args.input = (fixture / query.get("input", "input")).resolve()
+        args.key = ",".join(query["key"])
+        args.time_mode = query.get("time_mode", "none")
+        args.output_mode = query.get("output_mode", "update")
+        expected_file = (fixture / query.get("expected", "expected.jsonl")).resolve()
+        reuse_expected = "expected" in query
+    if args.input is None or args.key is None:
+        parser.error("--input and --key are required with a processor file")
 
     files = sorted(p for p in args.input.iterdir() if p.suffix in (".json", ".jsonl"))
     if not files:
@@ -212,9 +332,21 @@ def main():
     processor = args.processor.resolve()
     with tempfile.TemporaryDirectory(prefix="spark-compare-") as tmp:
         work = Path(tmp)
-        spark, spark_s = run_spark(
-            processor, files, keys, args.time_mode, args.output_mode, work
-        )
+        if reuse_expected:
+            spark, spark_s = read_expected(expected_file, len(files)), 0.0
+            print(f"PySpark cannot run this file; comparing with {expected_file}")
+        else:
+            spark, spark_s = run_spark(
+                processor, files, keys, args.time_mode, args.output_mode, work
+            )
+            if args.write_expected and expected_file is not None:
+                with open(expected_file, "w") as f:
+                    for i, rows in enumerate(spark):
+                        for row in sorted(rows, key=lambda r: json.dumps(r, sort_keys=True)):
+                            f.write(json.dumps({"batch": i, "row": row}, ensure_ascii=False) + "\n")
+                print(f"wrote PySpark's output to {expected_file}")
+        if args.spark_only:
+            return
         box, box_s = run_statebox(
             args.statebox, processor, files, keys, args.time_mode, args.output_mode, work
         )

@@ -60,7 +60,7 @@ def explain_import(err):
         )
     if isinstance(err, ModuleNotFoundError) and name:
         return (
-            f"module {name!r} is not in the sandbox: a processor can import the Python "
+            f"ModuleNotFoundError: module {name!r} is not in the sandbox: a processor can import the Python "
             f"standard library, pyspark (Statebox's stand-in), aiohttp and statebox only, and "
             f"the file is bundled alone (copy small helpers into it)"
         )

@@ -89,6 +89,10 @@ def load_module(source_path, display_path, module_name):
     module = _types.ModuleType(module_name)
     module.__file__ = display_path
     module.__statebox_code__ = code
+    # A notebook's predefined `spark`: the recording stand-in of a job script.
+    from ._job import SparkSession
+
+    module.__dict__["spark"] = SparkSession.getActiveSession()
     sys.modules[module_name] = module
     try:
         exec(code, module.__dict__)

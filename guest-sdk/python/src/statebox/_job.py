@@ -1,0 +1,458 @@
+"""A whole PySpark streaming job script, read the PySpark way: a recording stand-in for
+``SparkSession`` (``pyspark.sql.SparkSession``), the streaming reader and writer and the
+grouped ``transformWithState`` call.
+
+``statebox run job.py`` runs the script under CPython with this stand-in
+(``python3 -m statebox._job job.py``): every call the script makes on Spark objects is
+recorded, nothing runs, and the query the script built is printed as JSON for the CLI,
+which then runs it with the same meaning as its own flags. Inside the component (the same
+file is built into the processor) the stand-in records silently and does nothing, so the
+job's module-level code is harmless there; a handler that uses the session fails the
+build (``_checks.undefined_globals``).
+
+A call Statebox does not support raises :class:`UnsupportedCall`, naming the file, the line
+and the call (``statebox run`` stops with it).
+"""
+
+import inspect
+import json
+import os
+import sys
+
+__all__ = ["SparkSession", "DataFrame", "UnsupportedCall", "record_script"]
+
+_RECORD = {"queries": [], "conf": {}}
+
+
+class UnsupportedCall(Exception):
+    """A job script called something Statebox does not provide. The message starts with
+    ``file:line:``."""
+
+
+def _caller():
+    """``file:line`` of the innermost frame outside this module (the script's call)."""
+    for frame in inspect.stack()[2:]:
+        if frame.filename != __file__:
+            return f"{frame.filename}:{frame.lineno}"
+    return "<unknown>:1"
+
+
+def _unsupported(what, hint=""):
+    raise UnsupportedCall(
+        f"{_caller()}: {what} is not supported by Statebox"
+        + (f": {hint}" if hint else "")
+    )
+
+
+class _Strict:
+    """Unknown attributes are unsupported calls, named by their Spark spelling."""
+
+    _what = "object"
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        _unsupported(f"{self._what}.{name}")
+
+
+def _duration_ms(text, what):
+    """Milliseconds of a Spark interval string: "10 seconds", "1 minute", "500 ms"."""
+    if isinstance(text, (int, float)):
+        return int(text)
+    words = str(text).strip().lower().split()
+    units = {
+        "ms": 1, "millisecond": 1, "milliseconds": 1,
+        "s": 1000, "sec": 1000, "second": 1000, "seconds": 1000,
+        "m": 60000, "min": 60000, "minute": 60000, "minutes": 60000,
+        "h": 3600000, "hour": 3600000, "hours": 3600000,
+        "d": 86400000, "day": 86400000, "days": 86400000,
+    }
+    if len(words) == 1:
+        digits = words[0].rstrip("abcdefghijklmnopqrstuvwxyz")
+        words = [digits, words[0][len(digits):] or "ms"]
+    if len(words) == 2 and words[1] in units:
+        try:
+            return int(float(words[0]) * units[words[1]])
+        except ValueError:
+            pass
+    raise UnsupportedCall(f"{_caller()}: {what} {text!r} is not an interval such as '10 seconds'")
+
+
+def _schema_ddl(schema):
+    from .types import to_ddl
+
+    return to_ddl(schema)
+
+
+class Column:
+    """``col("x")``: a column reference (only names are supported)."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        _unsupported(f"Column.{name}", "group and watermark by plain column names")
+
+
+def _column_name(c, what):
+    if isinstance(c, str):
+        return c
+    if isinstance(c, Column):
+        return c.name
+    _unsupported(f"{what} with {c!r}", "use column names")
+
+
+class _Conf(_Strict):
+    _what = "spark.conf"
+
+    def set(self, key, value):
+        _RECORD["conf"][str(key)] = str(value)
+
+    def get(self, key, default=None):
+        return _RECORD["conf"].get(str(key), default)
+
+    def unset(self, key):
+        _RECORD["conf"].pop(str(key), None)
+
+
+class _SparkContext(_Strict):
+    _what = "spark.sparkContext"
+
+    def setLogLevel(self, level):
+        pass
+
+
+class _Builder(_Strict):
+    _what = "SparkSession.builder"
+
+    def appName(self, name):
+        _RECORD["conf"]["spark.app.name"] = str(name)
+        return self
+
+    def master(self, master):
+        return self
+
+    def config(self, key=None, value=None, conf=None, map=None):
+        if key is not None:
+            _RECORD["conf"][str(key)] = str(value)
+        for k, v in (map or {}).items():
+            _RECORD["conf"][str(k)] = str(v)
+        return self
+
+    def enableHiveSupport(self):
+        return self
+
+    def getOrCreate(self):
+        return SparkSession._active()
+
+    def remote(self, url):
+        return self
+
+
+class SparkSession(_Strict):
+    """The recording session: ``SparkSession.builder...getOrCreate()``, ``spark.conf``,
+    ``spark.readStream`` and ``spark.read`` (for an initial state)."""
+
+    _what = "spark"
+    _instance = None
+
+    class _BuilderDescriptor:
+        def __get__(self, obj, cls):
+            return _Builder()
+
+    builder = _BuilderDescriptor()
+
+    @classmethod
+    def _active(cls):
+        if cls._instance is None:
+            cls._instance = SparkSession()
+        return cls._instance
+
+    @classmethod
+    def getActiveSession(cls):
+        return cls._active()
+
+    @property
+    def conf(self):
+        return _Conf()
+
+    @property
+    def sparkContext(self):
+        return _SparkContext()
+
+    @property
+    def readStream(self):
+        return _Reader(streaming=True)
+
+    @property
+    def read(self):
+        return _Reader(streaming=False)
+
+    def stop(self):
+        pass
+
+
+class _Reader(_Strict):
+    _what = "spark.readStream"
+
+    def __init__(self, streaming):
+        self.streaming = streaming
+        self._what = "spark.readStream" if streaming else "spark.read"
+        self.spec = {"format": None, "schema": None, "options": {}}
+
+    def format(self, source):
+        self.spec["format"] = str(source).lower()
+        return self
+
+    def schema(self, schema):
+        self.spec["schema"] = _schema_ddl(schema)
+        return self
+
+    def option(self, key, value):
+        self.spec["options"][str(key)] = value if isinstance(value, (int, float)) else str(value)
+        return self
+
+    def options(self, **options):
+        for k, v in options.items():
+            self.option(k, v)
+        return self
+
+    def load(self, path=None):
+        fmt = self.spec["format"] or "json"
+        if fmt not in ("json", "kafka"):
+            _unsupported(
+                f"{self._what}.format({fmt!r})",
+                "Statebox reads JSON Lines files and Kafka topics",
+            )
+        if path is not None:
+            self.spec["path"] = str(path)
+        self.spec["format"] = fmt
+        self.spec["at"] = _caller()
+        return DataFrame(source=dict(self.spec), streaming=self.streaming)
+
+    def json(self, path, schema=None, **options):
+        if schema is not None:
+            self.schema(schema)
+        self.options(**options)
+        self.spec["format"] = "json"
+        return self.load(path)
+
+
+class DataFrame(_Strict):
+    """A recorded (streaming) DataFrame: its source, watermark and grouping."""
+
+    _what = "DataFrame"
+
+    def __init__(self, source, streaming=True, watermark=None):
+        self.source = source
+        self.streaming = streaming
+        self.watermark = watermark
+
+    @property
+    def isStreaming(self):
+        return self.streaming
+
+    def withWatermark(self, eventTime, delayThreshold):
+        return DataFrame(
+            self.source,
+            self.streaming,
+            {"column": _column_name(eventTime, "withWatermark"),
+             "delay_ms": _duration_ms(delayThreshold, "withWatermark delay")},
+        )
+
+    def groupBy(self, *cols):
+        if len(cols) == 1 and isinstance(cols[0], (list, tuple)):
+            cols = tuple(cols[0])
+        return GroupedData(self, [_column_name(c, "groupBy") for c in cols])
+
+    groupby = groupBy
+
+    def printSchema(self):
+        pass
+
+    @property
+    def writeStream(self):
+        _unsupported(
+            "DataFrame.writeStream before transformWithState",
+            "Statebox runs one groupBy(...).transformWithState(...) query",
+        )
+
+
+class GroupedData(_Strict):
+    _what = "GroupedData"
+
+    def __init__(self, df, keys):
+        self.df = df
+        self.keys = keys
+
+    def transformWithState(
+        self,
+        statefulProcessor,
+        outputStructType,
+        outputMode,
+        timeMode,
+        initialState=None,
+        eventTimeColumnName="",
+    ):
+        initial = None
+        if initialState is not None:
+            if not isinstance(initialState, GroupedData) or initialState.df.streaming:
+                _unsupported(
+                    "transformWithState(initialState=...) other than a batch DataFrame "
+                    "grouped by the same key columns",
+                    "spark.read.json(path).groupBy(...)",
+                )
+            initial = initialState.df.source.get("path")
+        query = {
+            "source": self.df.source,
+            "watermark": self.df.watermark,
+            "key": self.keys,
+            "processor_class": type(statefulProcessor).__name__,
+            "output_schema": _schema_ddl(outputStructType),
+            "output_mode": str(outputMode).lower(),
+            "time_mode": str(timeMode).lower(),
+            "initial_state": initial,
+            "event_time_column": eventTimeColumnName or None,
+            "at": _caller(),
+        }
+        return _Transformed(query)
+
+    def transformWithStateInPandas(self, *args, **kwargs):
+        _unsupported(
+            "GroupedData.transformWithStateInPandas",
+            "write the processor with the row-based API and call transformWithState",
+        )
+
+
+class _Transformed(DataFrame):
+    _what = "DataFrame"
+
+    def __init__(self, query):
+        super().__init__(source=None)
+        self.query = query
+
+    @property
+    def writeStream(self):
+        return _Writer(self.query)
+
+
+class _Writer(_Strict):
+    _what = "DataFrame.writeStream"
+
+    def __init__(self, query):
+        self.query = query
+        self.sink = {"format": "json", "options": {}, "output_mode": None, "trigger": None}
+
+    def format(self, fmt):
+        fmt = str(fmt).lower()
+        if fmt not in ("json", "console", "memory", "kafka"):
+            _unsupported(
+                f"writeStream.format({fmt!r})",
+                "Statebox writes JSON Lines (json), the console, memory or Kafka",
+            )
+        self.sink["format"] = fmt
+        return self
+
+    def option(self, key, value):
+        self.sink["options"][str(key)] = str(value)
+        return self
+
+    def options(self, **options):
+        for k, v in options.items():
+            self.option(k, v)
+        return self
+
+    def outputMode(self, mode):
+        self.sink["output_mode"] = str(mode).lower()
+        return self
+
+    def queryName(self, name):
+        self.sink["query_name"] = str(name)
+        return self
+
+    def trigger(self, processingTime=None, once=None, availableNow=None, continuous=None,
+                realTime=None):
+        if continuous is not None or realTime is not None:
+            _unsupported("trigger(continuous=...)", "use availableNow=True or processingTime")
+        if processingTime is not None:
+            self.sink["trigger"] = {"interval_ms": _duration_ms(processingTime, "processingTime")}
+        elif availableNow or once:
+            self.sink["trigger"] = "available-now"
+        return self
+
+    def foreachBatch(self, func):
+        _unsupported("writeStream.foreachBatch", "write to json, console or memory")
+
+    def start(self, path=None, **options):
+        self.options(**options)
+        if path is not None:
+            self.sink["options"]["path"] = str(path)
+        query = dict(self.query)
+        query["sink"] = self.sink
+        query["start_at"] = _caller()
+        _RECORD["queries"].append(query)
+        return StreamingQuery()
+
+    def toTable(self, name):
+        _unsupported("writeStream.toTable", "write to a path with format json")
+
+
+class StreamingQuery(_Strict):
+    _what = "StreamingQuery"
+
+    def awaitTermination(self, timeout=None):
+        return True
+
+    def stop(self):
+        pass
+
+    def processAllAvailable(self):
+        pass
+
+    @property
+    def id(self):
+        return "statebox"
+
+
+def col(name):
+    return Column(str(name))
+
+
+def record_script(path):
+    """Runs the job script at ``path`` with the recording stand-in and returns what it
+    recorded: ``{"conf": {...}, "queries": [...]}``."""
+    from ._component import load_module
+
+    display = os.path.abspath(path)
+    load_module(display, display, "__statebox_job__")
+    return _RECORD
+
+
+def main(argv):
+    if len(argv) != 2:
+        print("usage: python -m statebox._job JOB.py", file=sys.stderr)
+        return 2
+    # Run as `python -m statebox._job`, this file is `__main__`; the script's `pyspark`
+    # imports reach `statebox._job`, which is where the calls are recorded.
+    from statebox import _job
+
+    try:
+        record = _job.record_script(argv[1])
+    except _job.UnsupportedCall as e:
+        print(json.dumps({"error": str(e)}))
+        return 0
+    except Exception as e:  # noqa: BLE001 - reported to the CLI with the script's line
+        from ._checks import line_in
+
+        line = line_in(e.__traceback__, os.path.abspath(argv[1]))
+        message = getattr(e, "args", [""])[0] if type(e).__name__ == "ProcessorDefinitionError" else None
+        print(json.dumps({"error": message or f"{os.path.abspath(argv[1])}:{line}: {type(e).__name__}: {e}"}))
+        return 0
+    print(json.dumps(record))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

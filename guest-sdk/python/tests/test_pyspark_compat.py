@@ -1,0 +1,170 @@
+"""What a PySpark user's file meets, under plain CPython: rows in PySpark's shape, output
+rows and float columns as Spark writes them, the async handle's declarations with or without
+``await``, the build-time checks' messages, and job scripts read by the recording stand-in.
+The same behaviour in components is checked end to end by ``tests/all/pyspark_docs.rs``."""
+
+import datetime
+import json
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import fake_host  # noqa: E402
+
+fake_host.install()
+
+from statebox import _checks, _codec, _component, _job, aio  # noqa: E402
+from statebox.processor import _Codec  # noqa: E402
+from statebox.row import Row  # noqa: E402
+from statebox.types import parse_ddl  # noqa: E402
+
+
+class InputRowsTest(unittest.TestCase):
+    schema = parse_ddl(
+        "id string, f float, m map<string, int>, st struct<city: string, zip: int>, "
+        "ts timestamp, missing string"
+    )
+
+    def test_rows_follow_the_schema_with_absent_columns_none(self):
+        rows = list(
+            _component._Rows(
+                [
+                    '{"id":"a","f":0.1,"m":{"k1":1},"st":{"city":"Oslo","zip":5},'
+                    '"ts":"2024-01-01T00:00:00Z"}',
+                    '{"f":0.2,"id":"a"}',
+                ],
+                None,
+                _codec.InputRows(self.schema),
+            )
+        )
+        first, second = rows
+        self.assertEqual(first.__fields__, ["id", "f", "m", "st", "ts", "missing"])
+        self.assertEqual(first.f, 0.10000000149011612)
+        self.assertEqual(first.m, [("k1", 1)])
+        self.assertEqual(first.st, {"city": "Oslo", "zip": 5})
+        self.assertEqual(
+            first.ts, datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc)
+        )
+        self.assertIsNone(first.missing)
+        self.assertEqual(tuple(second), ("a", 0.20000000298023224, None, None, None, None))
+
+    def test_rows_by_position_are_reordered_to_the_schema(self):
+        rows = _component._Rows(
+            ['[[5,"b"],[null,"c"]]'], ["f", "id"], _codec.InputRows(parse_ddl("id string, f float"))
+        )
+        self.assertEqual([tuple(r) for r in rows], [("b", 5.0), ("c", None)])
+
+    def test_without_a_schema_the_calls_columns_are_united(self):
+        rows = list(_component._Rows(['{"a":1}', '{"b":2,"a":3}']))
+        self.assertEqual([r.__fields__ for r in rows], [["a", "b"], ["a", "b"]])
+        self.assertEqual([tuple(r) for r in rows], [(1, None), (3, 2)])
+
+
+class OutputTest(unittest.TestCase):
+    def test_a_row_leaving_out_a_column_emits_null_in_schema_order(self):
+        encode = _codec.row_encoder(parse_ddl("id string, dbg string, extra long"))
+        self.assertEqual(
+            json.loads(encode(Row(extra=1, id="p"))), {"id": "p", "dbg": None, "extra": 1}
+        )
+        self.assertEqual(list(json.loads(encode(Row(extra=1, id="p")))), ["id", "dbg", "extra"])
+
+    def test_float_columns_are_written_as_spark_writes_them(self):
+        encode = _codec.row_encoder(parse_ddl("f float, d double"))
+        self.assertEqual(encode(Row(f=0.1 + 0.2, d=0.1 + 0.2)), '{"f":0.3,"d":0.30000000000000004}')
+        self.assertEqual(_codec.f32_text_value(16777217), 16777216.0)
+
+    def test_the_key_tuple_in_a_string_column_is_refused_clearly(self):
+        encode = _codec.row_encoder(parse_ddl("id string, n long"))
+        with self.assertRaisesRegex(TypeError, r"output column 'id' is a string.*key\[0\]"):
+            encode(Row(id=("a",), n=1))
+
+    def test_float_state_reads_back_in_single_precision(self):
+        codec = _Codec("f float", "a value")
+        self.assertEqual(codec.loads('{"f":0.3}'), (0.30000001192092896,))
+
+
+class AsyncHandleTest(unittest.TestCase):
+    def test_declarations_work_with_and_without_await(self):
+        from statebox.processor import StatefulProcessorHandle
+
+        declared = []
+
+        class Host:
+            def get_value_state(self, name, ddl, ttl):
+                declared.append(name)
+                return object()
+
+            def register_timer(self, ms):
+                declared.append(ms)
+
+        handle = aio.AsyncStatefulProcessorHandle(StatefulProcessorHandle(Host(), "none"))
+
+        async def init():
+            plain = handle.getValueState("a", "n long")
+            awaited = await handle.getValueState("b", "n long")
+            await handle.registerTimer(5)
+            handle.registerTimer(6)
+            return plain, awaited
+
+        plain, awaited = aio.run(init())
+        self.assertIsInstance(plain, aio.AsyncValueState)
+        self.assertIsInstance(awaited, aio.AsyncValueState)
+        self.assertEqual(declared, ["a", "b", 5, 6])
+
+
+class ChecksTest(unittest.TestCase):
+    def load(self, source):
+        tmp = tempfile.NamedTemporaryFile("w", suffix=".py", delete=False)
+        self.addCleanup(Path(tmp.name).unlink)
+        with tmp:
+            tmp.write(source)
+        return tmp.name
+
+    def test_imports_are_explained_with_the_line(self):
+        path = self.load("x = 1\nimport pandas\n")
+        with self.assertRaisesRegex(
+            _component.ProcessorDefinitionError, r":2: import of 'pandas' failed: pandas needs native code"
+        ):
+            _component.load_module(path, path, "checks_pandas")
+
+    def test_spark_in_a_handler_is_found_with_its_line(self):
+        path = self.load(
+            "from pyspark.sql.streaming import StatefulProcessor\n"
+            "class P(StatefulProcessor):\n"
+            "    def init(self, handle):\n"
+            "        pass\n"
+            "    def handleInputRows(self, key, rows, timerValues):\n"
+            "        return spark.sql('SELECT 1').collect()\n"
+        )
+        module = _component.load_module(path, path, "checks_spark")
+        line, message = _checks.undefined_globals(module.P, module, module.__statebox_code__, path)
+        self.assertEqual(line, 6)
+        self.assertIn("P.handleInputRows uses 'spark'", message)
+
+
+class JobTest(unittest.TestCase):
+    def test_a_job_script_is_recorded_and_unsupported_calls_named(self):
+        script = Path(__file__).resolve().parents[3] / "tests/fixtures/pyspark/job/job.py"
+        _job._RECORD["queries"].clear()
+        record = _job.record_script(str(script))
+        (query,) = record["queries"]
+        self.assertEqual(query["key"], ["id"])
+        self.assertEqual(query["processor_class"], "CountProcessor")
+        self.assertEqual(query["output_schema"], "id string, count long")
+        self.assertEqual(query["source"]["options"], {"maxFilesPerTrigger": 1})
+        self.assertEqual(query["sink"]["options"]["checkpointLocation"], "checkpoint")
+        self.assertEqual(query["sink"]["trigger"], "available-now")
+        df = _job.SparkSession.builder.getOrCreate().readStream.json("in")
+        with self.assertRaisesRegex(_job.UnsupportedCall, "DataFrame.select is not supported"):
+            df.select("x")
+        self.assertEqual(
+            df.withWatermark("ts", "10 seconds").watermark, {"column": "ts", "delay_ms": 10000}
+        )
+
+
+if __name__ == "__main__":
+    unittest.main()
