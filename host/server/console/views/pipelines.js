@@ -1,0 +1,165 @@
+// Pipelines: the list with status at a glance, start/stop, and the create form.
+
+import { get, post, seg } from '../api.js';
+import { h, fill, field, table, empty, errorBox, loading, notify, badge, fmtNum, fmtInt, fmtAgo, dialog } from '../ui.js';
+import { every, go } from '../app.js';
+
+/** The numbers of a pipeline's list row, from its status and last progress record. */
+export function glance(p) {
+  const s = p.status || {};
+  const last = s.last_progress || null;
+  return {
+    state: s.state || 'unknown',
+    reason: s.failure || s.last_error || p.failure || null,
+    rowsPerS: last ? last.rows_per_s : null,
+    lastBatch: last ? last.batch_id : null,
+    lastBatchMs: last ? last.timestamp_ms : null,
+    lag: (p.rows_acknowledged ?? 0) - (p.rows_processed ?? 0),
+  };
+}
+
+export async function pipelinesView(main, queryString) {
+  const params = new URLSearchParams(queryString || '');
+  const list = h('div', {}, loading());
+  const status = h('div', { 'aria-live': 'polite' });
+  const newButton = h('button', { type: 'button', class: 'primary', onclick: () => createDialog() }, 'New pipeline');
+  fill(main,
+    h('div', { class: 'page-head' }, h('h1', {}, 'Pipelines'), h('div', { class: 'actions' }, newButton)),
+    status,
+    h('section', { class: 'card' }, list));
+
+  let processors = [];
+  async function refresh(force = true) {
+    // The periodic refresh waits while the keyboard is in the table, so focus is not lost.
+    if (!force && list.contains(document.activeElement)) return;
+    const [{ pipelines }, procs] = await Promise.all([get('/v1/pipelines'), get('/v1/processors')]);
+    processors = procs.processors;
+    const names = Object.fromEntries(processors.map((p) => [p.id, p.name]));
+    pipelines.sort((a, b) => b.created_ms - a.created_ms);
+    fill(list, pipelines.length
+      ? table([
+        { label: 'Pipeline', value: (p) => h('a', { href: `#/pipelines/${seg(p.id)}` }, p.name || p.id, p.name ? h('div', { class: 'mono dim small' }, p.id) : null) },
+        { label: 'Processor', value: (p) => h('a', { href: `#/processors/${seg(p.processor)}` }, names[p.processor] || p.processor) },
+        {
+          label: 'Status',
+          value: (p) => {
+            const g = glance(p);
+            return h('div', {}, badge(g.state), g.reason && g.state !== 'running' ? h('div', { class: 'reason small', title: g.reason }, g.reason) : null);
+          },
+        },
+        { label: 'Rows/s', value: (p) => fmtNum(glance(p).rowsPerS), class: 'num' },
+        { label: 'Last batch', value: (p) => { const g = glance(p); return g.lastBatch === null ? '–' : h('span', {}, `#${g.lastBatch} `, h('span', { class: 'dim' }, fmtAgo(g.lastBatchMs))); } },
+        { label: 'Lag (rows)', value: (p) => fmtInt(glance(p).lag), class: 'num' },
+        { label: 'Processed', value: (p) => fmtInt(p.rows_processed), class: 'num' },
+        { label: 'Actions', value: (p) => actions(p) },
+      ], pipelines, { label: 'Pipelines', class: 'pipelines' })
+      : empty('No pipelines yet.', processors.length
+        ? h('button', { type: 'button', class: 'primary', onclick: () => createDialog() }, 'Create your first pipeline')
+        : h('p', {}, 'Upload a processor first: ', h('a', { href: '#/processors' }, 'Processors'), '.')));
+  }
+
+  function actions(p) {
+    const running = ['running', 'starting', 'retrying'].includes(glance(p).state);
+    return h('button', {
+      type: 'button', class: 'small',
+      onclick: async () => {
+        try {
+          await post(`/v1/pipelines/${seg(p.id)}/${running ? 'stop' : 'start'}`);
+          notify(`${p.name || p.id} ${running ? 'stopped' : 'started'}`);
+          await refresh();
+        } catch (err) { fill(status, errorBox(err, `Cannot ${running ? 'stop' : 'start'} ${p.id}`)); }
+      },
+    }, running ? 'Stop' : 'Start');
+  }
+
+  function createDialog() {
+    const form = createForm(processors, params.get('processor'), (created) => {
+      d.close();
+      notify(`Pipeline ${created.id} created`);
+      go(`#/pipelines/${seg(created.id)}`);
+    });
+    const d = dialog('New pipeline', form);
+  }
+
+  every(2000, () => refresh(false), main);
+  if (params.get('processor')) {
+    await refresh();
+    createDialog();
+  }
+}
+
+/** The create form. Fields map one to one onto POST /v1/pipelines. */
+function createForm(processors, preselect, done) {
+  const proc = h('select', { name: 'processor', required: true },
+    processors.map((p) => h('option', { value: p.id, selected: p.id === preselect }, `${p.name} (${p.id})`)));
+  const name = h('input', { name: 'name', placeholder: 'optional' });
+  const key = h('input', { name: 'key', required: true, placeholder: 'user or user,region', spellcheck: 'false' });
+  const timeMode = h('select', { name: 'time_mode' },
+    ['none', 'processing-time', 'event-time'].map((m) => h('option', { value: m }, m)));
+  const outputMode = h('select', { name: 'output_mode' },
+    ['update', 'append'].map((m) => h('option', { value: m }, m)));
+  const etColumn = h('input', { name: 'event_time_column', placeholder: 'ts', spellcheck: 'false' });
+  const etDelay = h('input', { name: 'watermark_delay_ms', type: 'number', min: '0', value: '10000' });
+  const partitions = h('input', { name: 'partitions', type: 'number', min: '1', max: '1024', value: '4' });
+  const trigger = h('input', { name: 'trigger_interval_ms', type: 'number', min: '10', max: '86400000', value: '1000' });
+  const outEt = h('input', { name: 'output_event_time_column', placeholder: 'optional', spellcheck: 'false' });
+  const eventTime = h('fieldset', { class: 'event-time', hidden: true },
+    h('legend', {}, 'Event time'),
+    h('div', { class: 'grid2' },
+      field('Event-time column', etColumn),
+      field('Watermark delay (ms)', etDelay, 'The watermark trails the largest event time by this much; older rows are dropped as late.')));
+  const suggestKey = () => {
+    const p = processors.find((x) => x.id === proc.value);
+    if (!p || key.value) return;
+    // The counter-style examples key on the first string column of the input schema.
+    const first = p.input_schema && p.input_schema.split(',')[0].trim().split(/\s+/)[0];
+    if (first) key.placeholder = `e.g. ${first}`;
+  };
+  proc.addEventListener('change', suggestKey);
+  suggestKey();
+  timeMode.addEventListener('change', () => { eventTime.hidden = timeMode.value !== 'event-time'; });
+  const status = h('div', { 'aria-live': 'assertive' });
+  const submit = h('button', { type: 'submit', class: 'primary' }, 'Create and start');
+  if (!processors.length) {
+    return empty('Upload a processor first.', h('a', { href: '#/processors' }, 'Processors'));
+  }
+  return h('form', {
+    class: 'create-form',
+    onsubmit: async (e) => {
+      e.preventDefault();
+      const body = {
+        processor: proc.value,
+        key: key.value.split(',').map((s) => s.trim()).filter(Boolean),
+        time_mode: timeMode.value,
+        output_mode: outputMode.value,
+        partitions: Number(partitions.value),
+        trigger_interval_ms: Number(trigger.value),
+      };
+      if (name.value.trim()) body.name = name.value.trim();
+      if (outEt.value.trim()) body.output_event_time_column = outEt.value.trim();
+      if (timeMode.value === 'event-time') {
+        body.event_time = { column: etColumn.value.trim(), watermark_delay_ms: Number(etDelay.value) };
+      }
+      submit.disabled = true;
+      fill(status);
+      try {
+        done(await post('/v1/pipelines', body));
+      } catch (err) {
+        fill(status, errorBox(err, 'The pipeline was not created'));
+        submit.disabled = false;
+      }
+    },
+  },
+  field('Processor', proc),
+  h('div', { class: 'grid2' },
+    field('Key columns', key, 'Comma-separated; rows are grouped by these columns.'),
+    field('Name', name)),
+  h('div', { class: 'grid2' }, field('Time mode', timeMode), field('Output mode', outputMode)),
+  eventTime,
+  h('div', { class: 'grid3' },
+    field('Partitions', partitions),
+    field('Trigger interval (ms)', trigger),
+    field('Output event-time column', outEt)),
+  status,
+  h('div', { class: 'dialog-actions' }, submit));
+}
