@@ -506,6 +506,62 @@ fn sql_reads_evolved_values_and_the_schema_history() {
     assert_eq!(profile["key_columns"], json!(["user"]));
 }
 
+/// The documentation's SQL as written: the checkpoint path is the first argument of
+/// `read_statestore` and `read_state_metadata`, so one query reads and joins two
+/// checkpoints, and `--checkpoint` is only the default (not needed at all with paths).
+#[test]
+fn sql_takes_the_checkpoint_path_as_the_first_argument() {
+    let a = counter_checkpoint();
+    let b = Scratch::new();
+    b.write_rows("a.jsonl", &[json!({"k": "u1"}), json!({"k": "u3"})]);
+    b.run_cmd(guests::COUNTER, "k").run().expect_ok();
+    let (pa, pb) = (a.checkpoint(), b.checkpoint());
+    let query = format!(
+        "SELECT x.key.k AS k, x.value.count AS a, y.value.count AS b \
+         FROM read_statestore('{}', stateVarName => 'count') x \
+         JOIN read_statestore('{}', stateVarName => 'count') y ON x.key.k = y.key.k",
+        pa.display(),
+        pb.display()
+    );
+    let out = Command::new(statebox_bin())
+        .args(["sql", "--format", "jsonl", &query])
+        .env_remove("STATEBOX_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn statebox sql");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        parse_jsonl(&out.stdout),
+        vec![json!({"k": "u1", "a": 3, "b": 1})]
+    );
+
+    // With --checkpoint, a call without a path reads it; one with a path reads that one.
+    let query = format!(
+        "SELECT (SELECT count(*) FROM read_state_metadata()) AS here, \
+         (SELECT count(*) FROM read_state_metadata('{}')) AS there",
+        pb.display()
+    );
+    assert_eq!(rows(&a, &query), vec![json!({"here": 3, "there": 3})]);
+
+    // Without --checkpoint and without a path there is nothing to read: said so.
+    let out = Command::new(statebox_bin())
+        .args(["sql", "SELECT * FROM read_state_metadata()"])
+        .env_remove("STATEBOX_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn statebox sql");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no checkpoint to read: pass its path as the first argument"),
+        "{err}"
+    );
+}
+
 /// Bad calls fail with a message that names the problem, and print nothing.
 #[test]
 fn sql_errors_name_the_problem() {
@@ -537,7 +593,13 @@ fn sql_errors_name_the_problem() {
         "{err}"
     );
 
+    // A leading string is a checkpoint path (Databricks' form), not a variable name.
     let err = sql_err(&s, "SELECT * FROM read_statestore('count')");
+    assert!(err.contains("cannot read the checkpoint 'count'"), "{err}");
+    let err = sql_err(
+        &s,
+        "SELECT * FROM read_statestore(stateVarName => 'count', 'count')",
+    );
     assert!(err.contains("takes named arguments only"), "{err}");
 
     let err = sql_err(
@@ -553,7 +615,7 @@ fn sql_errors_name_the_problem() {
 
     let err = sql_err(&s, "SELECT * FROM read_state_metadata(1)");
     assert!(
-        err.contains("read_state_metadata takes no arguments"),
+        err.contains("read_state_metadata takes only a checkpoint path"),
         "{err}"
     );
 

@@ -1,6 +1,7 @@
 //! `statebox`: run stateful WebAssembly processors over keyed JSON Lines data.
 
 mod bench;
+mod job;
 mod plugin;
 mod python;
 mod scenario;
@@ -8,6 +9,7 @@ mod serve;
 #[cfg(feature = "sql")]
 mod sql;
 mod state;
+mod tws;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -58,6 +60,10 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Build a Python processor file (PySpark's `StatefulProcessor` API) into a component.
     BuildPython(python::BuildPythonArgs),
+    /// Drive a processor for PySpark's TwsTester run against the real host (the Python
+    /// SDK's `TwsTester(host=True)`): JSON commands on standard input.
+    #[command(hide = true)]
+    TwsDriver(tws::TwsDriverArgs),
 }
 
 #[derive(Args)]
@@ -250,6 +256,17 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
+    // `statebox run job.py`: a whole PySpark streaming job script (see `job`).
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if job::is_job(&argv) {
+        return match job::run(&argv) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run(args),
@@ -261,6 +278,7 @@ fn main() -> ExitCode {
         Command::Sql(args) => sql::run(args),
         Command::Serve(args) => serve::run(args),
         Command::BuildPython(args) => python::run(args),
+        Command::TwsDriver(args) => tws::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -17,10 +17,12 @@ use std::process::Command;
 use anyhow::{Context, bail};
 use clap::Args;
 
-/// The WIT world Python processors are built against: the single-key `processor` export
-/// (for `describe`, `init`, initial state and `close`) and the batched `batch-processor`
-/// export (input rows and expired timers of many keys per call), importing `keys`.
-const WORLD: &str = "stateful-batch-processor";
+/// The WIT world Python processors are built against (`guest-sdk/python/wit/python.wit`):
+/// `stateful-batch-processor` — the single-key `processor` export (for `describe`, `init`,
+/// initial state and `close`) and the batched `batch-processor` export (input rows and
+/// expired timers of many keys per call), importing `keys` — plus
+/// `wasi:http/outgoing-handler`, which the SDK's aiohttp client uses.
+const WORLD: &str = "python-processor";
 
 /// `statebox build-python`.
 #[derive(Args)]
@@ -79,7 +81,7 @@ pub(crate) fn run(args: BuildPythonArgs) -> anyhow::Result<()> {
 
 /// The Python SDK's folder: `$STATEBOX_PYTHON_SDK`, else `guest-sdk/python` of the source
 /// tree this binary was built from.
-fn sdk_dir() -> anyhow::Result<PathBuf> {
+pub(crate) fn sdk_dir() -> anyhow::Result<PathBuf> {
     let dir = match std::env::var_os("STATEBOX_PYTHON_SDK") {
         Some(dir) => PathBuf::from(dir),
         None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guest-sdk/python"),
@@ -221,6 +223,7 @@ pub(crate) fn build(source: &Path, options: &PythonOptions) -> anyhow::Result<Pa
     for (path, bytes) in files(&sdk.join("src"), &["py"])?
         .into_iter()
         .chain(files(&wit, &["wit"])?)
+        .chain(files(&sdk.join("wit"), &["wit"])?)
     {
         hash.field(path.as_bytes());
         hash.field(&bytes);
@@ -241,6 +244,7 @@ pub(crate) fn build(source: &Path, options: &PythonOptions) -> anyhow::Result<Pa
         .context("create a temporary build directory")?;
     let app = work.path().join("app");
     std::fs::create_dir(&app)?;
+    let world_dir = python_wit(&wit, &sdk, work.path())?;
     std::fs::write(app.join("processor_source.py"), &text)?;
     std::fs::write(app.join("statebox_main.py"), &entry)?;
     let out = work.path().join("out.wasm");
@@ -248,7 +252,7 @@ pub(crate) fn build(source: &Path, options: &PythonOptions) -> anyhow::Result<Pa
     eprintln!("building Python processor {display} ...");
     let mut cmd = Command::new(&componentize_py);
     cmd.arg("-d")
-        .arg(&wit)
+        .arg(&world_dir)
         .args(["-w", WORLD, "componentize", "statebox_main"])
         .arg("-p")
         .arg(&app)
@@ -277,6 +281,31 @@ pub(crate) fn build(source: &Path, options: &PythonOptions) -> anyhow::Result<Pa
         .persist(&wasm)
         .with_context(|| format!("cannot store {}", wasm.display()))?;
     Ok(wasm)
+}
+
+/// The WIT folder the build reads: the Statebox package (`wit/`) with the Python world
+/// (`guest-sdk/python/wit/python.wit`) added to it, and the WASI packages it imports as
+/// `deps/`.
+fn python_wit(wit: &Path, sdk: &Path, work: &Path) -> anyhow::Result<PathBuf> {
+    let dir = work.join("wit");
+    std::fs::create_dir_all(&dir)?;
+    for (name, bytes) in files(wit, &["wit"])? {
+        if name.contains(std::path::MAIN_SEPARATOR) {
+            continue;
+        }
+        std::fs::write(dir.join(&name), bytes)?;
+    }
+    let extra = sdk.join("wit");
+    std::fs::copy(extra.join("python.wit"), dir.join("python.wit"))
+        .with_context(|| format!("read {}", extra.join("python.wit").display()))?;
+    for (name, bytes) in files(&extra.join("deps"), &["wit"])? {
+        let to = dir.join("deps").join(&name);
+        if let Some(parent) = to.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(to, bytes)?;
+    }
+    Ok(dir)
 }
 
 /// Installs componentize-py if needed (`guest-sdk/python/setup.sh`, idempotent and quick

@@ -12,13 +12,15 @@ use statebox_sql::OutputFormat;
 /// `statebox sql`.
 #[derive(Args)]
 pub(crate) struct SqlArgs {
-    /// The checkpoint directory (read-only; may be in use by a running pipeline).
+    /// The checkpoint a table function reads when its call names none (read-only; may be
+    /// in use by a running pipeline).
     #[arg(long)]
-    checkpoint: PathBuf,
-    /// One query, e.g. "SELECT key, value FROM read_statestore(stateVarName => 'count')".
-    /// Table functions: read_statestore(stateVarName => 'NAME', batchId => N,
-    /// flattenCollectionTypes => false, readChangeFeed => true, changeStartBatchId => N,
-    /// changeEndBatchId => M, readRegisteredTimers => true) and read_state_metadata().
+    checkpoint: Option<PathBuf>,
+    /// One query, e.g. "SELECT key, value FROM read_statestore('/ck', stateVarName =>
+    /// 'count')". Table functions: read_statestore(['/checkpoint/path', ]stateVarName =>
+    /// 'NAME', batchId => N, flattenCollectionTypes => false, readChangeFeed => true,
+    /// changeStartBatchId => N, changeEndBatchId => M, readRegisteredTimers => true) and
+    /// read_state_metadata(['/checkpoint/path']); without a path they read --checkpoint.
     query: String,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
@@ -50,7 +52,12 @@ impl From<Format> for OutputFormat {
 pub(crate) fn run(args: SqlArgs) -> anyhow::Result<()> {
     let stdout = std::io::stdout();
     let mut out = BufWriter::new(stdout.lock());
-    statebox_sql::run(&args.checkpoint, &args.query, args.format.into(), &mut out)
-        .with_context(|| format!("query on checkpoint {} failed", args.checkpoint.display()))?;
+    let checkpoint = args.checkpoint.as_deref();
+    statebox_sql::run_paths(checkpoint, &args.query, args.format.into(), &mut out).with_context(
+        || match checkpoint {
+            Some(dir) => format!("query on checkpoint {} failed", dir.display()),
+            None => "query failed".to_owned(),
+        },
+    )?;
     out.flush().context("cannot write to standard output")
 }

@@ -1,6 +1,8 @@
 //! The table functions `read_statestore` and `read_state_metadata`.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use datafusion::arrow::datatypes::{Field, Schema as ArrowSchema, SchemaRef};
 use datafusion::catalog::streaming::StreamingTable;
@@ -25,10 +27,92 @@ pub(crate) const READ_STATESTORE: &str = "read_statestore";
 /// The name `read_state_metadata` is registered under.
 pub(crate) const READ_STATE_METADATA: &str = "read_state_metadata";
 
-const STATESTORE_USAGE: &str = "read_statestore(stateVarName => 'NAME'[, batchId => N]\
-     [, flattenCollectionTypes => false]), read_statestore(stateVarName => 'NAME', \
-     readChangeFeed => true, changeStartBatchId => N[, changeEndBatchId => M]) or \
-     read_statestore(readRegisteredTimers => true)";
+const STATESTORE_USAGE: &str = "read_statestore(['/checkpoint/path', ]stateVarName => 'NAME'\
+     [, batchId => N][, flattenCollectionTypes => false]), \
+     read_statestore(['/checkpoint/path', ]stateVarName => 'NAME', readChangeFeed => true, \
+     changeStartBatchId => N[, changeEndBatchId => M]) or \
+     read_statestore(['/checkpoint/path', ]readRegisteredTimers => true)";
+
+/// The checkpoints a session's table functions read: the default one (`statebox sql
+/// --checkpoint DIR`), and, where allowed, any other named by a call's first argument
+/// (`read_statestore('/checkpoint/path', ...)`, as Databricks' table functions take it), so
+/// one query can read and join several checkpoints. Each is opened once per session.
+#[derive(Debug)]
+pub(crate) struct Checkpoints {
+    default: Option<(PathBuf, Arc<StateReader>)>,
+    /// Checkpoints opened by path; `None` when path arguments are refused (the server,
+    /// whose tenants must read their own pipeline's checkpoint only).
+    by_path: Option<Mutex<HashMap<PathBuf, Arc<StateReader>>>>,
+}
+
+impl Checkpoints {
+    /// Reads `default` only; a path argument is an error.
+    pub(crate) fn fixed(dir: &Path, reader: StateReader) -> Checkpoints {
+        Checkpoints {
+            default: Some((dir.to_owned(), Arc::new(reader))),
+            by_path: None,
+        }
+    }
+
+    /// Reads `default` (if any) and any checkpoint a call names by path.
+    pub(crate) fn open_by_path(default: Option<(&Path, StateReader)>) -> Checkpoints {
+        Checkpoints {
+            default: default.map(|(dir, reader)| (dir.to_owned(), Arc::new(reader))),
+            by_path: Some(Mutex::new(HashMap::new())),
+        }
+    }
+
+    /// The reader for a call: the checkpoint at `path`, or the default one.
+    fn reader(
+        &self,
+        function: &str,
+        path: Option<&str>,
+    ) -> Result<Arc<StateReader>, DataFusionError> {
+        let Some(path) = path else {
+            return match &self.default {
+                Some((_, reader)) => Ok(reader.clone()),
+                None => Err(usage(format!(
+                    "{function}: no checkpoint to read: pass its path as the first argument                      ({function}('/checkpoint/path', ...)) or run with --checkpoint DIR"
+                ))),
+            };
+        };
+        let Some(opened) = &self.by_path else {
+            return Err(usage(format!(
+                "{function}: this session reads one checkpoint; a checkpoint path argument                  ('{path}') is not allowed here"
+            )));
+        };
+        let dir = PathBuf::from(path);
+        if let Some((default_dir, reader)) = &self.default
+            && default_dir == &dir
+        {
+            return Ok(reader.clone());
+        }
+        let mut opened = opened.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(reader) = opened.get(&dir) {
+            return Ok(reader.clone());
+        }
+        let reader = Arc::new(StateReader::open(&dir).map_err(|e| {
+            usage(format!(
+                "{function}: cannot read the checkpoint '{path}': {e}"
+            ))
+        })?);
+        opened.insert(dir, reader.clone());
+        Ok(reader)
+    }
+}
+
+/// Splits a call's leading positional string argument (a checkpoint path) from its named
+/// arguments (encoded by `named_args::rewrite`).
+fn path_argument(exprs: &[Expr]) -> (Option<&str>, &[Expr]) {
+    match exprs.first() {
+        Some(
+            Expr::Literal(ScalarValue::Utf8(Some(s)), _)
+            | Expr::Literal(ScalarValue::Utf8View(Some(s)), _)
+            | Expr::Literal(ScalarValue::LargeUtf8(Some(s)), _),
+        ) if !s.starts_with(named_args::NAME_MARK) => (Some(s.as_str()), &exprs[1..]),
+        _ => (None, exprs),
+    }
+}
 
 /// The options of `read_statestore`, as in Spark's state data source. Names are matched
 /// case-insensitively.
@@ -440,7 +524,7 @@ fn usage(message: String) -> DataFusionError {
 /// `read_statestore(...)`: a variable's state, its change feed, or the registered timers.
 #[derive(Debug)]
 pub(crate) struct ReadStateStore {
-    pub(crate) reader: Arc<StateReader>,
+    pub(crate) checkpoints: Arc<Checkpoints>,
 }
 
 impl TableFunctionImpl for ReadStateStore {
@@ -448,18 +532,19 @@ impl TableFunctionImpl for ReadStateStore {
         &self,
         args: TableFunctionArgs,
     ) -> datafusion::common::Result<Arc<dyn TableProvider>> {
-        let pairs =
-            named_args::options(READ_STATESTORE, STATESTORE_USAGE, args.exprs()).map_err(usage)?;
+        let (path, rest) = path_argument(args.exprs());
+        let pairs = named_args::options(READ_STATESTORE, STATESTORE_USAGE, rest).map_err(usage)?;
         let options = StateStoreOptions::parse(&pairs).map_err(usage)?;
-        let read = options.read(&known_vars(&self.reader)).map_err(usage)?;
+        let reader = self.checkpoints.reader(READ_STATESTORE, path)?;
+        let read = options.read(&known_vars(&reader)).map_err(usage)?;
 
         // The checkpoint does not record the key columns' types: a first pass over the
         // rows infers them (see `KeyTypeGuess`). It also reports an unknown variable or an
         // unavailable batch before anything runs.
-        let key_columns = &self.reader.config().key_columns;
+        let key_columns = &reader.config().key_columns;
         let mut guesses = vec![KeyTypeGuess::default(); key_columns.len()];
         let mut first_row: Option<Vec<String>> = None;
-        read.run(&self.reader, |row| {
+        read.run(&reader, |row| {
             if let Value::Object(row) = &row {
                 if first_row.is_none() {
                     first_row = Some(row.keys().cloned().collect());
@@ -480,12 +565,12 @@ impl TableFunctionImpl for ReadStateStore {
                 .zip(guesses.iter().map(|g| g.column_type()))
                 .collect(),
         );
-        let mut columns = read.columns(&self.reader, key).map_err(usage)?;
+        let mut columns = read.columns(&reader, key).map_err(usage)?;
         read.check_columns(&mut columns, first_row.as_deref().unwrap_or_default())
             .map_err(usage)?;
         let schema = schema_of(&columns);
         let partition = StatePartition {
-            reader: self.reader.clone(),
+            reader,
             read,
             schema: schema.clone(),
             columns,
@@ -572,7 +657,7 @@ impl PartitionStream for StatePartition {
 /// partitions, batch range and modes.
 #[derive(Debug)]
 pub(crate) struct ReadStateMetadata {
-    pub(crate) reader: Arc<StateReader>,
+    pub(crate) checkpoints: Arc<Checkpoints>,
 }
 
 /// The columns of `read_state_metadata()`.
@@ -645,14 +730,16 @@ impl TableFunctionImpl for ReadStateMetadata {
         &self,
         args: TableFunctionArgs,
     ) -> datafusion::common::Result<Arc<dyn TableProvider>> {
-        if let Some(arg) = args.exprs().first() {
+        let (path, rest) = path_argument(args.exprs());
+        if let Some(arg) = rest.first() {
             return Err(usage(format!(
-                "read_state_metadata takes no arguments, found {}; call it as \
-                 read_state_metadata()",
+                "read_state_metadata takes only a checkpoint path, found {}; call it as \
+                 read_state_metadata() or read_state_metadata('/checkpoint/path')",
                 shown(arg)
             )));
         }
-        let metadata = self.reader.metadata().map_err(external)?;
+        let reader = self.checkpoints.reader(READ_STATE_METADATA, path)?;
+        let metadata = reader.metadata().map_err(external)?;
         let columns = metadata_columns();
         let schema = schema_of(&columns);
         let mut batcher = RowBatcher::new(schema.clone(), &columns);

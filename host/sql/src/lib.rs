@@ -1,14 +1,20 @@
 //! SQL over a Statebox checkpoint's committed state, on Apache DataFusion (SPEC §9).
 //!
-//! `statebox sql --checkpoint DIR "SELECT ..."` opens the checkpoint read-only (a pipeline
-//! may be running on it) and offers two table functions modelled on Spark's state data
-//! sources:
+//! `statebox sql [--checkpoint DIR] "SELECT ..."` opens checkpoints read-only (a pipeline
+//! may be running on them) and offers two table functions modelled on Spark's state data
+//! sources and Databricks' table functions of the same names:
 //!
-//! - `read_statestore(stateVarName => 'NAME', ...)`: like `spark.read.format("statestore")`.
-//!   Options, matched case-insensitively: `batchId` (time travel), `flattenCollectionTypes`
-//!   (default true), `readChangeFeed` with `changeStartBatchId` and `changeEndBatchId`,
-//!   `readRegisteredTimers`, `operatorId` (always 0).
-//! - `read_state_metadata()`: like Spark's `state-metadata` source, one row per variable.
+//! - `read_statestore('/checkpoint/path', stateVarName => 'NAME', ...)`: like
+//!   `spark.read.format("statestore")`. Options, matched case-insensitively: `batchId` (time
+//!   travel), `flattenCollectionTypes` (default true), `readChangeFeed` with
+//!   `changeStartBatchId` and `changeEndBatchId`, `readRegisteredTimers`, `operatorId`
+//!   (always 0).
+//! - `read_state_metadata('/checkpoint/path')`: like Spark's `state-metadata` source, one
+//!   row per variable.
+//!
+//! The checkpoint path comes first, as in Databricks' SQL, so one query can read and join
+//! several checkpoints; without it a call reads the session's default checkpoint
+//! (`--checkpoint`). [`run`] (the server's) reads one checkpoint and refuses paths.
 //!
 //! # Columns
 //!
@@ -64,7 +70,9 @@ pub use crate::convert::ConvertError;
 pub use crate::functions::UsageError;
 pub use crate::output::{OutputFormat, PrintError};
 
-use crate::functions::{READ_STATE_METADATA, READ_STATESTORE, ReadStateMetadata, ReadStateStore};
+use crate::functions::{
+    Checkpoints, READ_STATE_METADATA, READ_STATESTORE, ReadStateMetadata, ReadStateStore,
+};
 use crate::output::Printer;
 
 /// Why a query failed. Says whose fault it is: the query (SQL or options), the checkpoint,
@@ -103,19 +111,39 @@ pub struct SqlSession {
 }
 
 impl SqlSession {
-    /// Opens the checkpoint in `dir` read-only (works while a pipeline runs on it).
+    /// Opens the checkpoint in `dir` read-only (works while a pipeline runs on it). Its
+    /// queries read that checkpoint only: a checkpoint path argument is refused.
     pub fn open(dir: &Path) -> Result<SqlSession, SqlError> {
-        let reader = Arc::new(StateReader::open(dir)?);
+        let reader = StateReader::open(dir)?;
+        Ok(SqlSession::with(Checkpoints::fixed(dir, reader)))
+    }
+
+    /// A session whose table functions read the checkpoint a call names by path
+    /// (`read_statestore('/checkpoint/path', ...)`), or `default` (opened now, if given)
+    /// when a call names none.
+    pub fn open_paths(default: Option<&Path>) -> Result<SqlSession, SqlError> {
+        let default = match default {
+            Some(dir) => Some((dir, StateReader::open(dir)?)),
+            None => None,
+        };
+        Ok(SqlSession::with(Checkpoints::open_by_path(default)))
+    }
+
+    fn with(checkpoints: Checkpoints) -> SqlSession {
+        let checkpoints = Arc::new(checkpoints);
         let config = SessionConfig::new().with_information_schema(false);
         let ctx = SessionContext::new_with_config(config);
         ctx.register_udtf(
             READ_STATESTORE,
             Arc::new(ReadStateStore {
-                reader: reader.clone(),
+                checkpoints: checkpoints.clone(),
             }),
         );
-        ctx.register_udtf(READ_STATE_METADATA, Arc::new(ReadStateMetadata { reader }));
-        Ok(SqlSession { ctx })
+        ctx.register_udtf(
+            READ_STATE_METADATA,
+            Arc::new(ReadStateMetadata { checkpoints }),
+        );
+        SqlSession { ctx }
     }
 
     /// Plans `sql` (one query) and starts running it.
@@ -156,15 +184,34 @@ impl SqlSession {
     }
 }
 
-/// Opens the checkpoint in `dir`, runs `sql` and prints its result to `out` in `format`:
-/// what `statebox sql` does.
+/// Opens the checkpoint in `dir`, runs `sql` on it (path arguments refused) and prints its
+/// result to `out` in `format`.
 pub fn run(
     dir: &Path,
     sql: &str,
     format: OutputFormat,
     out: &mut dyn Write,
 ) -> Result<(), SqlError> {
-    let session = SqlSession::open(dir)?;
+    run_session(SqlSession::open(dir)?, sql, format, out)
+}
+
+/// Runs `sql` on the checkpoints its calls name by path, `default` for calls that name
+/// none, and prints its result to `out` in `format`: what `statebox sql` does.
+pub fn run_paths(
+    default: Option<&Path>,
+    sql: &str,
+    format: OutputFormat,
+    out: &mut dyn Write,
+) -> Result<(), SqlError> {
+    run_session(SqlSession::open_paths(default)?, sql, format, out)
+}
+
+fn run_session(
+    session: SqlSession,
+    sql: &str,
+    format: OutputFormat,
+    out: &mut dyn Write,
+) -> Result<(), SqlError> {
     // One query on the calling thread; the reads run on the runtime's blocking pool.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()

@@ -52,6 +52,12 @@ def explain_import(err):
     root = name.split(".")[0]
     if root in _NATIVE:
         return f"import of {name!r} failed: {_NATIVE[root]}"
+    if root == "aiohttp":
+        return (
+            f"{name} is not part of Statebox's aiohttp client ({err}), which provides the "
+            f"client: ClientSession, ClientResponse, ClientTimeout, aiohttp.request and the "
+            f"client errors"
+        )
     if root == "pyspark":
         missing = name if isinstance(err, ModuleNotFoundError) else f"a name from {name}"
         return (

@@ -329,7 +329,12 @@ def export(
     from componentize_py_types import Err
     from wit_world import exports
     from wit_world.imports import keys as wit_keys
-    from wit_world.imports import types as wit
+    try:
+        # In the world with wasi:http, Statebox's `types` is named after its package (the
+        # wasi:http interface is also called `types`).
+        from wit_world.imports import statebox_processor_types as wit
+    except ImportError:
+        from wit_world.imports import types as wit
 
     # Import every binding now, while componentize-py pre-initialises: the snapshot holds
     # the modules imported by then, and an instance imports nothing more.
@@ -337,6 +342,23 @@ def export(
     from . import log
 
     log.log_module()
+    try:
+        # The wasi:http bindings the aiohttp client uses (absent outside a component).
+        from wit_world.imports import poll  # noqa: F401
+
+        from . import _http
+
+        _http._bindings()
+    except ImportError:
+        pass
+
+    # The sandbox has no asyncio event loop: asyncio.gather is the SDK scheduler's gather,
+    # so the documentation's `await asyncio.gather(*requests)` runs unchanged.
+    import asyncio
+
+    from . import aio as _aio
+
+    asyncio.gather = _aio.gather
 
     module = load_module(source_path, display_path, module_name)
     found = find_processor(module, display_path, class_name)

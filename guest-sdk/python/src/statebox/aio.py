@@ -297,11 +297,32 @@ def _join(tasks):
     yield _Join(tasks)
 
 
-async def gather(*aws):
+class _WaitIo:
+    """What a task yields to wait for a ``wasi:io/poll`` pollable (an HTTP response, body
+    bytes): the scheduler runs the other tasks, and when none is ready it polls every
+    waiting task's pollable at once, so requests awaited together are in flight together."""
+
+    __slots__ = ("pollable",)
+
+    def __init__(self, pollable):
+        self.pollable = pollable
+
+
+@_types.coroutine
+def wait_pollable(pollable):
+    """Suspends the calling task until ``pollable`` is ready (the scheduler drops it)."""
+    yield _WaitIo(pollable)
+
+
+async def gather(*aws, return_exceptions=False):
     """Runs coroutines concurrently on the SDK's scheduler; returns their results in order.
-    The first error is raised once all have finished."""
+    The first error is raised once all have finished (with ``return_exceptions=True`` the
+    errors are returned in place of results, as ``asyncio.gather`` does). Inside a
+    component ``asyncio.gather`` is this function."""
     tasks = [_Task(a) for a in aws]
     await _join(tasks)
+    if return_exceptions:
+        return [t.error if t.error is not None else t.result for t in tasks]
     for t in tasks:
         if t.error is not None:
             raise t.error
@@ -331,7 +352,10 @@ def _run_tasks(tasks, switch=None):
     ready = list(tasks)
     waiting = 0
     current = _NO_KEY
-    while ready:
+    io = []  # (pollable, task): tasks waiting for I/O
+    while ready or io:
+        if not ready:
+            ready = _poll(io)
         runnable, ready = ready, []
         for task in runnable:
             err = None
@@ -365,6 +389,9 @@ def _run_tasks(tasks, switch=None):
                     if yielded is None or yielded is _SUSPEND:
                         ready.append(task)
                         continue
+                    if isinstance(yielded, _WaitIo):
+                        io.append((yielded.pollable, task))
+                        continue
                     if isinstance(yielded, _Join):
                         children = yielded.tasks
                         pending = [c for c in children if not c.done]
@@ -391,6 +418,23 @@ def _run_tasks(tasks, switch=None):
                     ready.append(parent)
             task.waiters = []
     return waiting
+
+
+def _poll(io):
+    """Blocks in ``wasi:io/poll.poll`` until at least one of the waiting tasks' pollables is
+    ready; returns those tasks (their pollables dropped) and leaves the rest in ``io``."""
+    from wit_world.imports import poll
+
+    indexes = set(poll.poll([p for p, _ in io]))
+    woken, rest = [], []
+    for i, (pollable, task) in enumerate(io):
+        if i in indexes:
+            pollable.__exit__(None, None, None)
+            woken.append(task)
+        else:
+            rest.append((pollable, task))
+    io[:] = rest
+    return woken
 
 
 def run_entries(coros, switch):

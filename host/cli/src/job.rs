@@ -1,0 +1,352 @@
+//! `statebox run job.py`: a whole PySpark streaming job script, run as Statebox.
+//!
+//! The script is run by CPython with the Python SDK's recording stand-in for PySpark
+//! (`python3 -m statebox._job`, see `guest-sdk/python/src/statebox/_job.py`): its
+//! `SparkSession`, `readStream`, `withWatermark`, `groupBy(...).transformWithState(...)` and
+//! `writeStream...start()` calls are recorded, not run, and the query it built comes back
+//! as JSON. That query becomes the flags of `statebox run` with the same meaning (the table
+//! in the README), the processor class of the script is built into a component with the
+//! query's input and output schemas, and the query runs in the sandbox as any other. A call
+//! Statebox does not support stops it with the script's file, line and the call's name.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use serde::Deserialize;
+use serde_json::Value;
+
+/// `statebox run job.py`: the command line after `run`.
+#[derive(Parser)]
+#[command(name = "statebox run", about = "Run a PySpark streaming job script")]
+struct JobArgs {
+    /// The job script: a processor class and the query built the PySpark way.
+    script: PathBuf,
+    /// Print the `statebox run` command the script amounts to, and stop.
+    #[arg(long)]
+    print_plan: bool,
+    /// Everything else is passed to `statebox run` (sandbox limits, `--allow-http`,
+    /// `--progress-json`, ...).
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    rest: Vec<OsString>,
+}
+
+/// What the recording stand-in printed.
+#[derive(Deserialize)]
+struct Recorded {
+    error: Option<String>,
+    #[serde(default)]
+    queries: Vec<RecordedQuery>,
+}
+
+#[derive(Deserialize)]
+struct RecordedQuery {
+    source: Source,
+    watermark: Option<Watermark>,
+    key: Vec<String>,
+    processor_class: String,
+    output_schema: String,
+    output_mode: String,
+    time_mode: String,
+    initial_state: Option<String>,
+    event_time_column: Option<String>,
+    sink: Sink,
+    start_at: String,
+}
+
+#[derive(Deserialize)]
+struct Source {
+    format: String,
+    schema: Option<String>,
+    #[serde(default)]
+    options: serde_json::Map<String, Value>,
+    path: Option<String>,
+    at: String,
+}
+
+#[derive(Deserialize)]
+struct Watermark {
+    column: String,
+    delay_ms: i64,
+}
+
+#[derive(Deserialize)]
+struct Sink {
+    format: String,
+    #[serde(default)]
+    options: serde_json::Map<String, Value>,
+    output_mode: Option<String>,
+    trigger: Option<Value>,
+}
+
+/// Whether the command line is `statebox run SCRIPT.py ...` (a job script rather than
+/// `statebox run --processor ...`).
+pub(crate) fn is_job(args: &[OsString]) -> bool {
+    args.get(1).is_some_and(|a| a == "run")
+        && args
+            .get(2)
+            .is_some_and(|a| Path::new(a).extension().is_some_and(|e| e == "py"))
+}
+
+/// Runs `statebox run SCRIPT.py [--print-plan] [statebox run flags...]`.
+pub(crate) fn run(args: &[OsString]) -> anyhow::Result<()> {
+    let job = JobArgs::parse_from(
+        std::iter::once(OsString::from("statebox run")).chain(args[2..].iter().cloned()),
+    );
+    let script = std::fs::canonicalize(&job.script)
+        .with_context(|| format!("cannot read the job script {}", job.script.display()))?;
+    let query = record(&script)?;
+    let (argv, console) = plan(&script, &query)?;
+    if job.print_plan {
+        let shown: Vec<String> = argv
+            .iter()
+            .map(|a| shell_word(&a.to_string_lossy()))
+            .collect();
+        println!("{}", shown.join(" "));
+        return Ok(());
+    }
+    let mut full: Vec<OsString> = argv;
+    full.extend(job.rest);
+    let cli = crate::Cli::try_parse_from(&full).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let crate::Command::Run(run_args) = cli.command else {
+        unreachable!("the plan is a `statebox run` command line");
+    };
+    crate::run(run_args)?;
+    if let Some(output) = console {
+        // The console sink: print what the query emitted.
+        let text = std::fs::read_to_string(&output).unwrap_or_default();
+        print!("{text}");
+    }
+    Ok(())
+}
+
+/// Runs the script with the recording stand-in and returns its one query.
+fn record(script: &Path) -> anyhow::Result<RecordedQuery> {
+    let sdk = crate::python::sdk_dir()?;
+    let python = std::env::var_os("STATEBOX_PYTHON").unwrap_or_else(|| "python3".into());
+    let dir = script.parent().unwrap_or(Path::new("."));
+    let output = Command::new(&python)
+        .args(["-m", "statebox._job"])
+        .arg(script)
+        .env("PYTHONPATH", sdk.join("src"))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .current_dir(std::env::current_dir().unwrap_or_else(|_| dir.to_owned()))
+        .output()
+        .with_context(|| {
+            format!(
+                "cannot run {} to read the job script",
+                python.to_string_lossy()
+            )
+        })?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let Some(line) = stdout.lines().rev().find(|l| l.starts_with('{')) else {
+        bail!(
+            "reading the job script {} failed:\n{}",
+            script.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+    let recorded: Recorded = serde_json::from_str(line).context("the job reader's answer")?;
+    if let Some(error) = recorded.error {
+        bail!("{error}");
+    }
+    let mut queries = recorded.queries.into_iter();
+    let Some(query) = queries.next() else {
+        bail!(
+            "{}:1: the job script starts no streaming query: build it with \
+             df.groupBy(...).transformWithState(...).writeStream...start()",
+            script.display()
+        );
+    };
+    if let Some(second) = queries.next() {
+        bail!(
+            "{}: a second streaming query: Statebox runs one query per job script",
+            second.start_at
+        );
+    }
+    Ok(query)
+}
+
+fn option(options: &serde_json::Map<String, Value>, name: &str) -> Option<String> {
+    options
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(name))
+        .map(|(_, v)| match v {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        })
+}
+
+/// The `statebox run` command line the query amounts to, and the output file to print for
+/// a console sink.
+fn plan(script: &Path, q: &RecordedQuery) -> anyhow::Result<(Vec<OsString>, Option<PathBuf>)> {
+    let mut argv: Vec<OsString> = vec!["statebox".into(), "run".into()];
+    let mut arg = |flag: &str, value: &str| {
+        argv.push(flag.into());
+        argv.push(value.into());
+    };
+
+    let options = crate::python::PythonOptions {
+        class_name: Some(q.processor_class.clone()),
+        output_schema: Some(q.output_schema.clone()),
+        input_schema: q.source.schema.clone(),
+        output_event_time_column: q.event_time_column.clone(),
+        ..Default::default()
+    };
+    let wasm = crate::python::build(script, &options)?;
+    arg("--processor", &wasm.display().to_string());
+
+    let input = match q.source.format.as_str() {
+        "json" => q
+            .source
+            .path
+            .clone()
+            .with_context(|| format!("{}: the streaming source has no path", q.source.at))?,
+        "kafka" => {
+            let servers =
+                option(&q.source.options, "kafka.bootstrap.servers").with_context(|| {
+                    format!(
+                        "{}: a Kafka source needs option kafka.bootstrap.servers",
+                        q.source.at
+                    )
+                })?;
+            let topics = option(&q.source.options, "subscribe").with_context(|| {
+                format!("{}: a Kafka source needs option subscribe", q.source.at)
+            })?;
+            format!("kafka://{servers}/{topics}")
+        }
+        other => bail!("{}: source format {other:?} is not supported", q.source.at),
+    };
+    arg("--input", &input);
+    if let Some(n) = option(&q.source.options, "maxFilesPerTrigger") {
+        arg("--max-files-per-batch", &n);
+    } else if q.source.format == "json" {
+        // Spark reads every available file in one batch unless maxFilesPerTrigger says
+        // otherwise.
+        arg("--max-files-per-batch", &usize::MAX.to_string());
+    }
+    arg("--key", &q.key.join(","));
+
+    let mode = q.sink.output_mode.as_deref().unwrap_or(&q.output_mode);
+    if !mode.eq_ignore_ascii_case(&q.output_mode) {
+        bail!(
+            "{}: writeStream.outputMode({mode:?}) differs from transformWithState's \
+             outputMode {:?}",
+            q.start_at,
+            q.output_mode
+        );
+    }
+    arg("--output-mode", &q.output_mode.to_ascii_lowercase());
+    let time_mode = match q
+        .time_mode
+        .replace(['_', '-'], "")
+        .to_ascii_lowercase()
+        .as_str()
+    {
+        "none" => "none",
+        "processingtime" => "processing-time",
+        "eventtime" => "event-time",
+        other => bail!("{}: unknown timeMode {other:?}", q.start_at),
+    };
+    arg("--time-mode", time_mode);
+    if let Some(w) = &q.watermark {
+        arg("--event-time", &w.column);
+        arg("--watermark-delay", &format!("{}ms", w.delay_ms));
+    } else if time_mode == "event-time" {
+        bail!(
+            "{}: timeMode EventTime needs df.withWatermark(column, delay) on the source",
+            q.start_at
+        );
+    }
+    if let Some(initial) = &q.initial_state {
+        arg("--initial-state", initial);
+    }
+
+    let checkpoint = option(&q.sink.options, "checkpointLocation");
+    let mut console = None;
+    let output = match q.sink.format.as_str() {
+        "json" => {
+            let path = option(&q.sink.options, "path").with_context(|| {
+                format!(
+                    "{}: writeStream.format(\"json\").start() needs a path",
+                    q.start_at
+                )
+            })?;
+            let path = PathBuf::from(path);
+            if path
+                .extension()
+                .is_some_and(|e| e == "jsonl" || e == "json")
+            {
+                path
+            } else {
+                // Spark's JSON sink writes a folder of part files; Statebox one JSON Lines
+                // file in that folder, which Spark reads back the same way.
+                std::fs::create_dir_all(&path)
+                    .with_context(|| format!("cannot create {}", path.display()))?;
+                path.join("part-00000-statebox.json")
+            }
+        }
+        "console" | "memory" => {
+            let dir = match &checkpoint {
+                Some(c) => PathBuf::from(c),
+                None => std::env::temp_dir().join(format!("statebox-job-{}", std::process::id())),
+            };
+            std::fs::create_dir_all(&dir)?;
+            let file = dir.join(format!("{}-output.jsonl", q.sink.format));
+            if q.sink.format == "console" {
+                console = Some(file.clone());
+            }
+            file
+        }
+        "kafka" => {
+            let servers =
+                option(&q.sink.options, "kafka.bootstrap.servers").with_context(|| {
+                    format!(
+                        "{}: a Kafka sink needs option kafka.bootstrap.servers",
+                        q.start_at
+                    )
+                })?;
+            let topic = option(&q.sink.options, "topic")
+                .with_context(|| format!("{}: a Kafka sink needs option topic", q.start_at))?;
+            PathBuf::from(format!("kafka://{servers}/{topic}"))
+        }
+        other => bail!("{}: sink format {other:?} is not supported", q.start_at),
+    };
+    let checkpoint = match checkpoint {
+        Some(c) => PathBuf::from(c),
+        None if console.is_some() || q.sink.format == "memory" => output
+            .parent()
+            .map(|p| p.join("checkpoint"))
+            .unwrap_or_else(|| PathBuf::from("checkpoint")),
+        None => bail!(
+            "{}: writeStream needs option(\"checkpointLocation\", ...), as Spark does",
+            q.start_at
+        ),
+    };
+    arg("--output", &output.display().to_string());
+    arg("--checkpoint", &checkpoint.display().to_string());
+    match &q.sink.trigger {
+        Some(Value::Object(t)) => {
+            let ms = t.get("interval_ms").and_then(Value::as_i64).unwrap_or(0);
+            arg("--trigger", &format!("interval={ms}ms"));
+        }
+        // Spark's default trigger runs batches as soon as possible, forever; the job runs
+        // what is available and stops (Statebox's available-now).
+        _ => arg("--trigger", "available-now"),
+    }
+    let _ = script;
+    Ok((argv, console))
+}
+
+fn shell_word(s: &str) -> String {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=,:".contains(c))
+    {
+        s.to_owned()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}

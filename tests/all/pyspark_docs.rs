@@ -1,0 +1,384 @@
+//! A PySpark user's files, unchanged, on Statebox (issue 16): the documentation-style
+//! processors of `tests/fixtures/pyspark/` (sync and async, StructType / DDL schemas,
+//! module-level output schemas, every Spark type through input, state and output) give
+//! what PySpark 4.3 gave on the same input (`expected.jsonl`, written by
+//! `guest-sdk/python/spark_compare.py --write-expected`; CI has no PySpark); a whole job
+//! script runs with `statebox run job.py`; and what the sandbox cannot run fails at build
+//! time with the file, the line and what to do.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+use statebox_tests::{component_cache, parse_jsonl, statebox_bin};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/pyspark")
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "exit status: {}\n--- stdout\n{}--- stderr\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// Equal as JSON, numbers compared by value (`1.0` is `1`), as the comparison with
+/// PySpark's output is field by field.
+fn same(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(a, b)| same(a, b))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| same(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
+/// Whether two batches hold the same rows, in any order.
+fn same_rows(expected: &[Value], got: &[Value]) -> bool {
+    let mut left: Vec<&Value> = got.iter().collect();
+    for row in expected {
+        match left.iter().position(|g| same(row, g)) {
+            Some(i) => {
+                left.swap_remove(i);
+            }
+            None => return false,
+        }
+    }
+    left.is_empty()
+}
+
+/// PySpark's output per batch, from a fixture's `expected.jsonl`.
+fn expected_batches(file: &Path) -> BTreeMap<u64, Vec<Value>> {
+    let mut out: BTreeMap<u64, Vec<Value>> = BTreeMap::new();
+    let text = std::fs::read_to_string(file).expect("read expected.jsonl");
+    for item in parse_jsonl(text.as_bytes()) {
+        let batch = item["batch"].as_u64().expect("a batch number");
+        out.entry(batch).or_default().push(item["row"].clone());
+    }
+    out
+}
+
+/// Statebox's output per batch, sliced by the commit records' `output_rows`.
+fn batches_of(progress: &[u8], output: &Path) -> BTreeMap<u64, Vec<Value>> {
+    let rows = parse_jsonl(&std::fs::read(output).unwrap_or_default());
+    let mut out = BTreeMap::new();
+    let mut at = 0;
+    let commits = String::from_utf8_lossy(progress);
+    for (i, line) in commits.lines().filter(|l| l.starts_with('{')).enumerate() {
+        let commit: Value = serde_json::from_str(line).expect("a commit record");
+        let n = commit["output_rows"].as_u64().unwrap_or(0) as usize;
+        out.insert(i as u64, rows[at..at + n].to_vec());
+        at += n;
+    }
+    out
+}
+
+/// Runs fixture `name` (its `processor.py` over its input, one file per batch, with its
+/// query's key and modes) and compares every batch with PySpark's output.
+fn run_fixture(name: &str) {
+    let dir = fixtures().join(name);
+    let query: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("query.json")).expect("query"))
+            .expect("query.json");
+    let input = dir.join(query["input"].as_str().unwrap_or("input"));
+    let expected = dir.join(query["expected"].as_str().unwrap_or("expected.jsonl"));
+    let key: Vec<&str> = query["key"]
+        .as_array()
+        .expect("key columns")
+        .iter()
+        .map(|k| k.as_str().expect("a column"))
+        .collect();
+    let work = tempfile::tempdir().expect("create a temporary directory");
+    let output = work.path().join("out.jsonl");
+    let run = Command::new(statebox_bin())
+        .arg("run")
+        .arg("--processor")
+        .arg(dir.join("processor.py"))
+        .arg("--input")
+        .arg(&input)
+        .arg("--output")
+        .arg(&output)
+        .arg("--checkpoint")
+        .arg(work.path().join("checkpoint"))
+        .args(["--key", &key.join(",")])
+        .args(["--time-mode", query["time_mode"].as_str().unwrap_or("none")])
+        .args([
+            "--output-mode",
+            query["output_mode"].as_str().unwrap_or("update"),
+        ])
+        .arg("--progress-json")
+        .env("STATEBOX_CACHE_DIR", component_cache())
+        .env_remove("STATEBOX_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn statebox");
+    assert!(run.status.success(), "{}", text(&run));
+    let got = batches_of(&run.stdout, &output);
+    let want = expected_batches(&expected);
+    let batches = std::fs::read_dir(&input).expect("input").count() as u64;
+    for batch in 0..batches {
+        let (w, g) = (
+            want.get(&batch).cloned().unwrap_or_default(),
+            got.get(&batch).cloned().unwrap_or_default(),
+        );
+        assert!(
+            same_rows(&w, &g),
+            "{name}: batch {batch} differs from PySpark's output\n  PySpark:  {w:?}\n  \
+             Statebox: {g:?}"
+        );
+    }
+}
+
+#[test]
+fn the_documentation_count_gives_pysparks_output() {
+    run_fixture("count");
+}
+
+#[test]
+fn the_async_documentation_count_runs_unchanged_and_gives_the_same_output() {
+    run_fixture("count-async");
+}
+
+#[test]
+fn ddl_schemas_with_value_list_and_map_state_give_pysparks_output() {
+    run_fixture("session-ddl");
+}
+
+#[test]
+fn every_spark_type_through_input_state_and_output_matches_pyspark_field_by_field() {
+    run_fixture("all-types");
+}
+
+/// `statebox run job.py` in a folder holding the job's relative paths: the documentation
+/// count job, whose output (in Spark's JSON sink folder) is the count fixture's.
+#[test]
+fn a_whole_pyspark_job_script_runs_with_statebox_run() {
+    let work = tempfile::tempdir().expect("create a temporary directory");
+    let input = work.path().join("input");
+    std::fs::create_dir(&input).expect("create input/");
+    for entry in std::fs::read_dir(fixtures().join("count/input")).expect("read input") {
+        let path = entry.expect("entry").path();
+        std::fs::copy(&path, input.join(path.file_name().expect("a file name"))).expect("copy");
+    }
+    let job = fixtures().join("job/job.py");
+    let statebox = |extra: &[&str]| {
+        Command::new(statebox_bin())
+            .arg("run")
+            .arg(&job)
+            .args(extra)
+            .current_dir(work.path())
+            .env("STATEBOX_CACHE_DIR", component_cache())
+            .env_remove("STATEBOX_LOG")
+            .stdin(Stdio::null())
+            .output()
+            .expect("spawn statebox")
+    };
+    let plan = statebox(&["--print-plan"]);
+    assert!(plan.status.success(), "{}", text(&plan));
+    let plan = String::from_utf8_lossy(&plan.stdout).into_owned();
+    for part in [
+        "--input input",
+        "--max-files-per-batch 1",
+        "--key id",
+        "--output-mode update",
+        "--time-mode none",
+        "--output output/part-00000-statebox.json",
+        "--checkpoint checkpoint",
+        "--trigger available-now",
+    ] {
+        assert!(plan.contains(part), "the plan lacks `{part}`: {plan}");
+    }
+
+    let run = statebox(&["--progress-json"]);
+    assert!(run.status.success(), "{}", text(&run));
+    let got = batches_of(
+        &run.stdout,
+        &work.path().join("output/part-00000-statebox.json"),
+    );
+    let want = expected_batches(&fixtures().join("count/expected.jsonl"));
+    assert_eq!(got.len(), 3, "{}", text(&run));
+    for (batch, rows) in &want {
+        assert!(
+            same_rows(rows, &got[batch]),
+            "batch {batch}: PySpark {rows:?}, Statebox {:?}",
+            got[batch]
+        );
+    }
+
+    // Run again: the checkpoint says everything is done, as Spark's would.
+    let again = statebox(&[]);
+    assert!(again.status.success(), "{}", text(&again));
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("no new input"),
+        "{}",
+        text(&again)
+    );
+}
+
+#[test]
+fn an_unsupported_call_in_a_job_script_names_its_file_line_and_call() {
+    let work = tempfile::tempdir().expect("create a temporary directory");
+    let source = std::fs::read_to_string(fixtures().join("job/job.py")).expect("read job.py");
+    let bad = source.replace(
+        "    events.groupBy(\"id\")",
+        "    events.select(\"id\").groupBy(\"id\")",
+    );
+    assert_ne!(bad, source);
+    let line = bad
+        .lines()
+        .position(|l| l.contains("events.select"))
+        .expect("the edited line")
+        + 1;
+    let job = work.path().join("job.py");
+    std::fs::write(&job, bad).expect("write job.py");
+    let run = Command::new(statebox_bin())
+        .arg("run")
+        .arg(&job)
+        .current_dir(work.path())
+        .env("STATEBOX_CACHE_DIR", component_cache())
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn statebox");
+    assert!(!run.status.success(), "{}", text(&run));
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    let at = format!(
+        "{}:{line}: DataFrame.select is not supported",
+        job.canonicalize().unwrap().display()
+    );
+    assert!(stderr.contains(&at), "expected `{at}`:\n{}", text(&run));
+}
+
+/// Builds `source` as a processor file and returns the build's output and the file.
+fn build(source: &str) -> (tempfile::TempDir, PathBuf, Output) {
+    let dir = tempfile::tempdir().expect("create a temporary directory");
+    let file = dir.path().join("processor.py");
+    std::fs::write(&file, source).expect("write processor.py");
+    let file = file.canonicalize().expect("canonical path");
+    let out = Command::new(statebox_bin())
+        .arg("build-python")
+        .arg(&file)
+        .arg("-o")
+        .arg(dir.path().join("processor.wasm"))
+        .env("STATEBOX_CACHE_DIR", component_cache())
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn statebox");
+    (dir, file, out)
+}
+
+const PROCESSOR: &str = "from pyspark.sql import Row\n\
+from pyspark.sql.streaming import StatefulProcessor\n\
+OUTPUT_SCHEMA = \"id string, n long\"\n\
+class P(StatefulProcessor):\n    def init(self, handle):\n        pass\n\n    def handleInputRows(self, key, rows, timerValues):\n        yield Row(id=key[0], n=1)\n";
+
+#[track_caller]
+fn assert_refused(source: &str, line: usize, fragments: &[&str]) {
+    let (_dir, file, out) = build(source);
+    assert!(
+        !out.status.success(),
+        "the build should fail:\n{}",
+        text(&out)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let at = format!("{}:{line}:", file.display());
+    assert!(
+        stderr.contains(&at),
+        "the error should name {at}\n{}",
+        text(&out)
+    );
+    for fragment in fragments {
+        assert!(
+            stderr.contains(fragment),
+            "missing `{fragment}`:\n{}",
+            text(&out)
+        );
+    }
+}
+
+#[test]
+fn what_the_sandbox_cannot_run_fails_the_build_with_file_line_and_what_to_do() {
+    // pandas (native code): use the row-based API.
+    assert_refused(
+        &format!("import os\nimport pandas as pd\n{PROCESSOR}"),
+        2,
+        &["pandas needs native code", "row-based API"],
+    );
+    // A PySpark API the stand-in does not have.
+    assert_refused(
+        &format!("from pyspark.sql.functions import udf\n{PROCESSOR}"),
+        1,
+        &[
+            "pyspark.sql.functions",
+            "not part of Statebox's PySpark stand-in",
+        ],
+    );
+    // A third-party module that is not installed in the sandbox.
+    assert_refused(
+        &format!("{PROCESSOR}import cachetools_is_not_in_the_sandbox\n"),
+        10,
+        &["module 'cachetools_is_not_in_the_sandbox' is not in the sandbox"],
+    );
+    // spark.sql(...) inside a handler.
+    let spark_in_handler = PROCESSOR.replace(
+        "        yield Row(id=key[0], n=1)\n",
+        "        ref = spark.sql(\"SELECT 1\")\n        yield Row(id=key[0], n=1)\n",
+    );
+    assert_refused(
+        &spark_in_handler,
+        9,
+        &[
+            "P.handleInputRows uses 'spark'",
+            "sandbox without Spark",
+            "initial state",
+        ],
+    );
+    // A name the file never defines.
+    let typo = PROCESSOR.replace("n=1)", "n=lenght(key))");
+    assert_refused(
+        &typo,
+        9,
+        &["uses 'lenght', which the processor file never defines"],
+    );
+}
+
+/// `Row(id=key)` with the key tuple and a string column fails in PySpark (pyarrow:
+/// "Expected bytes, got a 'tuple' object"); on Statebox too, with a message that says why.
+#[test]
+fn a_key_tuple_in_a_string_column_fails_as_in_pyspark_with_a_clear_message() {
+    let (dir, _file, out) = build(&PROCESSOR.replace("Row(id=key[0]", "Row(id=key"));
+    assert!(out.status.success(), "{}", text(&out));
+    let input = dir.path().join("input");
+    std::fs::create_dir(&input).expect("create input/");
+    std::fs::write(input.join("1.jsonl"), "{\"id\": \"a\"}\n").expect("write input");
+    let run = Command::new(statebox_bin())
+        .arg("run")
+        .arg("--processor")
+        .arg(dir.path().join("processor.wasm"))
+        .arg("--input")
+        .arg(&input)
+        .arg("--output")
+        .arg(dir.path().join("out.jsonl"))
+        .arg("--checkpoint")
+        .arg(dir.path().join("checkpoint"))
+        .args(["--key", "id"])
+        .env("STATEBOX_CACHE_DIR", component_cache())
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn statebox");
+    assert!(!run.status.success(), "{}", text(&run));
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        stderr.contains("output column 'id' is a string but the row gives the tuple ('a',)")
+            && stderr.contains("emit key[0]"),
+        "{}",
+        text(&run)
+    );
+}
