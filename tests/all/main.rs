@@ -6,6 +6,7 @@
 
 mod bad_input;
 mod components;
+mod console;
 mod exactly_once;
 mod examples;
 mod js;

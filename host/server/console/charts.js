@@ -1,6 +1,7 @@
 // Time-series charts over recent batches, on uPlot (vendored, MIT). One chart per metric
 // family; x is the batch's time. Each chart's container carries data-points (batches
-// plotted) and data-last (the newest values), which the browser tests read.
+// plotted), data-last (the newest values) and data-max (each series' largest), which the
+// browser tests read.
 
 import uPlot from './vendor/uPlot.esm.js';
 import { h, fmtNum, fmtBytes, fmtMs } from './ui.js';
@@ -79,6 +80,7 @@ export function chart({ title, series, format = fmtNum, right = null, note = nul
       box.dataset.points = String(records.length);
       const d = data();
       box.dataset.last = JSON.stringify(d.slice(1).map((col) => col[col.length - 1] ?? null));
+      box.dataset.max = JSON.stringify(d.slice(1).map((col) => col.reduce((m, v) => (v !== null && (m === null || v > m) ? v : m), null)));
       plotBox.setAttribute('aria-label', `${title}: ${records.length} batches`);
       drawLegend();
       if (!records.length) return;

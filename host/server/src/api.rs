@@ -63,6 +63,10 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/v1/pipelines/{id}/state", get(read_state))
         .route("/v1/pipelines/{id}/state/changes", get(read_changes))
         .route("/v1/pipelines/{id}/state/metadata", get(read_metadata))
+        // The web console and the endpoints it added (their own modules).
+        .merge(crate::console::routes())
+        .merge(crate::api_console::routes())
+        .merge(crate::api_sql::routes())
         .fallback(not_found)
         .layer(axum::middleware::from_fn(log_request))
         .with_state(app)

@@ -27,8 +27,11 @@
 //! atomically.
 
 mod api;
+mod api_console;
+mod api_sql;
 mod auth;
 pub mod bench;
+mod console;
 mod error;
 mod input_log;
 mod meter;

@@ -204,9 +204,14 @@ function outputTab(base, live) {
   const latest = h('button', { type: 'button', onclick: () => { before = null; load(); } }, 'Latest');
   const limitSel = h('select', { 'aria-label': 'Rows per page', onchange: () => load() },
     ['20', '50', '200', '1000'].map((n) => h('option', { value: n, selected: n === '50' }, `${n} rows`)));
+  let seq = 0;
   async function load() {
+    // Polling and clicks overlap: only the newest request's answer is shown.
+    const mine = ++seq;
     try {
-      page = await get(`${base}/output/tail${query({ before, limit: limitSel.value })}`);
+      const answer = await get(`${base}/output/tail${query({ before, limit: limitSel.value })}`);
+      if (mine !== seq) return;
+      page = answer;
       older.disabled = page.begin;
       latest.disabled = before === null;
       fill(info, page.count
@@ -214,7 +219,7 @@ function outputTab(base, live) {
         : '');
       const cols = columnsOf(page.rows);
       fill(box, table(cols, page.rows, { empty: 'No output yet. Rows appear here once a batch emits them.', label: 'Output rows', class: 'output' }));
-    } catch (err) { fill(box, errorBox(err)); }
+    } catch (err) { if (mine === seq) fill(box, errorBox(err)); }
   }
   live.listeners.add(() => { if (before === null) load(); });
   load();

@@ -37,7 +37,8 @@ export function stateTab(base) {
     }
     const varSel = h('select', { id: 'state-var' },
       vars.map((v) => h('option', { value: v.name }, `${v.name} (${v.kind})`)),
-      h('option', { value: '__timers' }, 'timers'));
+      // Only a pipeline with a time mode has timers to read.
+      meta.time_mode !== 'none' ? h('option', { value: '__timers' }, 'timers') : null);
     const batch = h('input', { id: 'state-batch', type: 'number', min: String(min), max: String(max), value: String(max) });
     const flatten = h('input', { type: 'checkbox', id: 'state-flatten', checked: true });
     const rowsBox = h('div', {});

@@ -1,0 +1,360 @@
+//! Endpoints the web console needs beyond the original API, public like the rest of `/v1`
+//! so a script can do whatever the console does:
+//!
+//! - `POST /v1/pipelines/{id}/processor/check {"processor": ID}`: the compatibility report of
+//!   an upgrade without doing it (the console shows it before the user confirms);
+//! - `GET /v1/pipelines/{id}/output/tail?before=OFFSET&limit=N`: the latest committed output
+//!   rows, and older ones page by page (the forward reader starts at the beginning);
+//! - `GET /v1/whoami`: whether a token is the admin's or a tenant's (the console's login
+//!   asks, so neither kind of token meets a 403 just to find out);
+//! - `GET /v1/usage` (admin): every tenant's quotas and usage, with its pipelines, so the
+//!   admin can see who uses what and grant capabilities.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::App;
+use crate::auth::{Admin, Caller, TenantId};
+use crate::error::ApiError;
+use crate::pipeline::{PipelineHandle, RunState};
+
+type Result<T> = std::result::Result<T, ApiError>;
+
+pub(crate) fn routes() -> Router<Arc<App>> {
+    Router::new()
+        .route("/v1/pipelines/{id}/processor/check", post(check_upgrade))
+        .route("/v1/pipelines/{id}/output/tail", get(output_tail))
+        .route("/v1/usage", get(usage))
+        .route("/v1/whoami", get(whoami))
+}
+
+/// Runs blocking work (disk, wasm) off the async workers.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::internal(format!("a server task failed: {e}")))
+}
+
+/// Parses a JSON request body; the error names the field at fault.
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        if path == "." {
+            ApiError::bad_request(format!("invalid request body: {}", e.inner()))
+        } else {
+            ApiError::bad_request(format!("invalid request body: `{path}`: {}", e.inner()))
+        }
+    })?;
+    de.end()
+        .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))?;
+    Ok(value)
+}
+
+/// The caller's pipeline `id`; another tenant's answers 404 like a missing one.
+pub(crate) fn pipeline(app: &App, tenant: &str, id: &str) -> Result<Arc<PipelineHandle>> {
+    app.pipeline(tenant, id)
+        .ok_or_else(|| ApiError::not_found("pipeline", id))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckUpgrade {
+    processor: String,
+}
+
+/// The report `PUT /v1/pipelines/{id}/processor` would act on, without acting: 200 with
+/// `compatible` true or false either way, so the console can show why before anything
+/// changes.
+async fn check_upgrade(
+    State(app): State<Arc<App>>,
+    TenantId(tenant): TenantId,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<axum::Json<Value>> {
+    let req: CheckUpgrade = parse_json(&body)?;
+    let h = pipeline(&app, &tenant, &id)?;
+    let new = app
+        .processor_record(&tenant, &req.processor)
+        .map_err(|_| ApiError::not_found("processor", &req.processor))?;
+    let current = app
+        .registry
+        .lock()
+        .expect("registry lock")
+        .data
+        .pipelines
+        .get(&id)
+        .map(|p| p.processor.clone())
+        .unwrap_or_default();
+    let processor = new.id.clone();
+    let (compatible, report) = blocking(move || -> Result<(bool, String)> {
+        let loaded = app
+            .load_processor(&tenant, &new)
+            .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_processor", e))?;
+        let checkpoint = PipelineHandle::checkpoint_dir(&h.dir);
+        let check = statebox_engine::check_upgrade(&checkpoint, &loaded).map_err(|e| {
+            ApiError::new(
+                StatusCode::CONFLICT,
+                "incompatible_processor",
+                format!("the new processor cannot be checked against the pipeline's state: {e}"),
+            )
+        })?;
+        Ok((check.is_compatible(), check.to_string()))
+    })
+    .await??;
+    Ok(axum::Json(json!({
+        "pipeline": id,
+        "current_processor": current,
+        "processor": processor,
+        "compatible": compatible,
+        "report": report,
+    })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TailQuery {
+    #[serde(default)]
+    before: Option<u64>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+/// Most rows one tail page holds.
+const MAX_TAIL_ROWS: usize = 1000;
+/// The most bytes a tail page reads back looking for its rows' starts.
+const MAX_TAIL_BYTES: u64 = 16 << 20;
+
+/// The `limit` committed output rows that end at byte offset `before` (default: the end of
+/// the committed output), oldest first. `from` is the offset of the first row: pass it as
+/// `before` to read the page before; `begin` says there is none.
+async fn output_tail(
+    State(app): State<Arc<App>>,
+    TenantId(tenant): TenantId,
+    Path(id): Path<String>,
+    query: std::result::Result<Query<TailQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response> {
+    let Query(q) = query?;
+    let h = pipeline(&app, &tenant, &id)?;
+    let committed = h.status().committed_output_bytes;
+    let before = q.before.unwrap_or(committed);
+    if before > committed {
+        return Err(ApiError::bad_request(format!(
+            "`before` {before} is past the committed output ({committed} bytes); leave it out \
+             for the latest rows or pass a `from` offset of an earlier page"
+        )));
+    }
+    let limit = q.limit.unwrap_or(50).clamp(1, MAX_TAIL_ROWS);
+    let path = PipelineHandle::output_path(&h.dir);
+    let (rows, from) = blocking(move || read_tail(&path, before, limit)).await??;
+    let body = format!(
+        "{{\"rows\":[{}],\"count\":{},\"from\":{from},\"to\":{before},\"committed\":{committed},\"begin\":{}}}",
+        rows.join(","),
+        rows.len(),
+        from == 0
+    );
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+/// Reads the last `limit` lines that end at `before` in `path`, oldest first, and the offset
+/// where the first of them starts.
+fn read_tail(path: &std::path::Path, before: u64, limit: usize) -> Result<(Vec<String>, u64)> {
+    use std::io::{Read, Seek, SeekFrom};
+    if before == 0 {
+        return Ok((Vec::new(), 0));
+    }
+    let io = |e: std::io::Error| ApiError::internal(format!("cannot read the output: {e}"));
+    let mut f = std::fs::File::open(path).map_err(io)?;
+    let mut window = 64 << 10;
+    loop {
+        let start = before.saturating_sub(window);
+        let mut buf = vec![0u8; (before - start) as usize];
+        f.seek(SeekFrom::Start(start)).map_err(io)?;
+        f.read_exact(&mut buf).map_err(io)?;
+        if buf.last() != Some(&b'\n') {
+            return Err(ApiError::bad_request(format!(
+                "`before` {before} is not at the end of a row; leave it out or pass a `from` \
+                 offset of an earlier page"
+            )));
+        }
+        // Line ends, newest first, after the one that ends the window.
+        let body = &buf[..buf.len() - 1];
+        let mut starts = Vec::with_capacity(limit);
+        let mut rest = body.len();
+        while starts.len() < limit {
+            match body[..rest].iter().rposition(|&b| b == b'\n') {
+                Some(nl) => {
+                    starts.push(nl + 1);
+                    rest = nl;
+                }
+                None if start == 0 => {
+                    starts.push(0);
+                    break;
+                }
+                None => break,
+            }
+        }
+        let enough = starts.len() == limit || start == 0;
+        if enough || window >= MAX_TAIL_BYTES {
+            if starts.is_empty() {
+                return Err(ApiError::bad_request(format!(
+                    "the row that ends at {before} is longer than {MAX_TAIL_BYTES} bytes; read \
+                     it with GET .../output"
+                )));
+            }
+            starts.reverse();
+            let mut rows = Vec::with_capacity(starts.len());
+            for (i, &s) in starts.iter().enumerate() {
+                let end = starts.get(i + 1).map_or(buf.len(), |&next| next) - 1;
+                let line = std::str::from_utf8(&buf[s..end])
+                    .map_err(|e| ApiError::internal(format!("the output is not UTF-8: {e}")))?;
+                rows.push(line.to_owned());
+            }
+            return Ok((rows, start + starts[0] as u64));
+        }
+        window = (window * 4).min(MAX_TAIL_BYTES);
+    }
+}
+
+/// `{"role": "admin"}` or `{"role": "tenant", "tenant": ID, "name": NAME}`.
+async fn whoami(State(app): State<Arc<App>>, caller: Caller) -> axum::Json<Value> {
+    match caller {
+        Caller::Admin => axum::Json(json!({"role": "admin"})),
+        Caller::Tenant(id) => {
+            let name = app
+                .registry
+                .lock()
+                .expect("registry lock")
+                .data
+                .tenants
+                .get(&id)
+                .map(|t| t.name.clone());
+            axum::Json(json!({"role": "tenant", "tenant": id, "name": name}))
+        }
+    }
+}
+
+/// Every tenant with its quotas, usage and pipelines.
+async fn usage(State(app): State<Arc<App>>, _admin: Admin) -> axum::Json<Value> {
+    let (tenants, pipelines, processors) = {
+        let registry = app.registry.lock().expect("registry lock");
+        (
+            registry.data.tenants.values().cloned().collect::<Vec<_>>(),
+            registry
+                .data
+                .pipelines
+                .values()
+                .cloned()
+                .collect::<Vec<_>>(),
+            registry
+                .data
+                .processors
+                .values()
+                .cloned()
+                .collect::<Vec<_>>(),
+        )
+    };
+    let rejected = app.rejected.lock().expect("rejected lock").clone();
+    let list: Vec<Value> = tenants
+        .iter()
+        .map(|t| {
+            let usage = app.usage(&t.id);
+            let mut state_bytes = 0;
+            let own: Vec<Value> = pipelines
+                .iter()
+                .filter(|p| p.tenant == t.id)
+                .map(|p| {
+                    let status = app.pipeline(&t.id, &p.id).map(|h| {
+                        let bytes = h.metrics.state_bytes.load(Ordering::Relaxed);
+                        state_bytes += bytes;
+                        (h.status().state, bytes)
+                    });
+                    json!({
+                        "id": p.id,
+                        "name": p.name,
+                        "processor": p.processor,
+                        "state": status.map_or(RunState::Stopped, |s| s.0),
+                        "state_bytes": status.map_or(0, |s| s.1),
+                        "failure": p.failure,
+                        "http_hosts": p.http_hosts,
+                    })
+                })
+                .collect();
+            json!({
+                "id": t.id,
+                "name": t.name,
+                "created_ms": t.created_ms,
+                "quotas": t.quotas,
+                "tokens": t.tokens.iter().map(|k| json!({"id": k.id, "created_ms": k.created_ms})).collect::<Vec<_>>(),
+                "usage": {
+                    "processors": processors.iter().filter(|p| p.tenant == t.id).count(),
+                    "pipelines": own.len(),
+                    "state_bytes": state_bytes,
+                    "cpu_seconds": usage.cpu_ns.load(Ordering::Relaxed) as f64 / 1e9,
+                    "memory_high_water_bytes": usage.memory_high_water.load(Ordering::Relaxed),
+                    "rejected_requests": rejected.get(&t.id).copied().unwrap_or(0),
+                },
+                "pipelines": own,
+            })
+        })
+        .collect();
+    axum::Json(json!({ "tenants": list }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tail(text: &str, before: u64, limit: usize) -> (Vec<String>, u64) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.jsonl");
+        std::fs::write(&path, text).unwrap();
+        read_tail(&path, before, limit).unwrap()
+    }
+
+    #[test]
+    fn the_tail_pages_back_row_by_row_to_the_beginning() {
+        let text = "{\"a\":1}\n{\"a\":2}\n{\"a\":3}\n";
+        let end = text.len() as u64;
+        assert_eq!(
+            tail(text, end, 2),
+            (vec!["{\"a\":2}".to_owned(), "{\"a\":3}".to_owned()], 8)
+        );
+        assert_eq!(tail(text, 8, 2), (vec!["{\"a\":1}".to_owned()], 0));
+        assert_eq!(tail(text, end, 10).0.len(), 3);
+        assert_eq!(tail(text, 0, 10), (vec![], 0));
+    }
+
+    #[test]
+    fn the_tail_reads_rows_longer_than_its_first_window() {
+        let long = format!("{{\"s\":\"{}\"}}", "x".repeat(200 << 10));
+        let text = format!("{{\"a\":1}}\n{long}\n");
+        let (rows, from) = tail(&text, text.len() as u64, 1);
+        assert_eq!(rows, vec![long]);
+        assert_eq!(from, 8);
+    }
+
+    #[test]
+    fn the_tail_refuses_an_offset_inside_a_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.jsonl");
+        std::fs::write(&path, "{\"a\":1}\n{\"a\":2}\n").unwrap();
+        let e = read_tail(&path, 5, 1).unwrap_err();
+        assert!(
+            e.message.contains("not at the end of a row"),
+            "{}",
+            e.message
+        );
+    }
+}
