@@ -68,6 +68,7 @@ export function fmtBytes(n) {
 
 export function fmtMs(ms) {
   if (ms === undefined || ms === null) return '–';
+  if (ms < 10) return `${fmtNum(ms, 1)} ms`;
   if (ms < 1000) return `${fmtNum(ms, 0)} ms`;
   if (ms < 60_000) return `${fmtNum(ms / 1000, 1)} s`;
   if (ms < 3_600_000) return `${fmtNum(ms / 60_000, 1)} min`;

@@ -2,7 +2,7 @@
 // changing quotas and granting pipelines outbound HTTP.
 
 import { get, post, put, patch, seg } from '../api.js';
-import { h, fill, field, table, empty, errorBox, loading, notify, badge, dialog, secret, fmtBytes, fmtInt, fmtNum, fmtAgo } from '../ui.js';
+import { h, fill, field, table, empty, errorBox, loading, notify, badge, dialog, secret, fmtBytes, fmtInt, fmtMs, fmtAgo } from '../ui.js';
 import { every } from '../app.js';
 
 /** "used / quota" with a bar, red when over. */
@@ -48,7 +48,7 @@ export async function adminView(main) {
         h('div', { class: 'stat' }, h('div', { class: 'stat-label' }, 'Processors'), meter(u.processors, q.max_processors, fmtInt)),
         h('div', { class: 'stat' }, h('div', { class: 'stat-label' }, 'Pipelines'), meter(u.pipelines, q.max_pipelines, fmtInt)),
         h('div', { class: 'stat' }, h('div', { class: 'stat-label' }, 'State on disk'), meter(u.state_bytes, q.max_state_bytes, fmtBytes)),
-        h('div', { class: 'stat' }, h('div', { class: 'stat-label' }, 'CPU used'), h('div', { class: 'stat-value' }, `${fmtNum(u.cpu_seconds, 2)} s`)),
+        h('div', { class: 'stat' }, h('div', { class: 'stat-label' }, 'CPU used'), h('div', { class: 'stat-value' }, fmtMs(u.cpu_seconds * 1000))),
         h('div', { class: 'stat' }, h('div', { class: 'stat-label' }, 'Memory high water'), h('div', { class: 'stat-value' }, `${fmtBytes(u.memory_high_water_bytes)}`), h('div', { class: 'stat-sub dim' }, `limit ${fmtBytes(q.memory_bytes)} per instance`)),
         h('div', { class: 'stat' }, h('div', { class: 'stat-label' }, 'Refused requests'), h('div', { class: `stat-value${u.rejected_requests ? ' warn-text' : ''}` }, fmtInt(u.rejected_requests)))),
       h('details', {}, h('summary', {}, 'All quotas'),
