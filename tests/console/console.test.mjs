@@ -307,6 +307,8 @@ async function run(page) {
   await page.locator('header nav').getByRole('link', { name: 'Pipelines' }).click();
   await page.getByRole('button', { name: 'New pipeline', exact: true }).click();
   await page.locator('dialog input[name="key"]').fill('k');
+  const counterProcessor = (await api(tokenA, 'GET', '/v1/processors')).processors.find((p) => p.name === 'counter').id;
+  await page.locator('dialog select[name="processor"]').selectOption(counterProcessor);
   await page.locator('dialog input[name="name"]').fill('eventtime-demo');
   await page.locator('dialog select[name="time_mode"]').selectOption('event-time');
   await page.locator('dialog input[name="event_time_column"]').fill('ts');
@@ -315,7 +317,7 @@ async function run(page) {
   await page.locator('dialog input[name="trigger_interval_ms"]').fill('500');
   await page.locator('dialog').getByRole('button', { name: 'Create and start' }).click();
   await page.waitForURL(/#\/pipelines\/pl_/);
-  const t0 = Date.parse('2026-01-01T00:00:00Z');
+  const t0 = Date.now() - 300_000;
   await ingest(page, [{ k: 'a', ts: new Date(t0 + 60_000).toISOString() }]);
   await until('the first event-time batch', async () => (await processed(page)) === 1);
   // The second batch runs with the watermark the first one set (its event time − 1 s);

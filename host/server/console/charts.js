@@ -159,7 +159,8 @@ export function pipelineCharts(eventTime) {
       title: 'Watermark gap',
       note: '(batch time − watermark)',
       format: (v) => fmtMs(v),
-      series: [{ label: 'gap', value: (r) => (r.watermark_ms >= 0 ? r.timestamp_ms - r.watermark_ms : null) }],
+      // Until the first event time is seen the watermark is 0 (or -1): no gap to show.
+      series: [{ label: 'gap', value: (r) => (r.watermark_ms > 0 ? r.timestamp_ms - r.watermark_ms : null) }],
     }));
   }
   return list;

@@ -82,7 +82,7 @@ export async function pipelineView(main, id, tab) {
       stat('Last batch', last ? `#${last.batch_id}` : '–', last ? fmtAgo(last.timestamp_ms) : 'no batch yet'),
       stat('Acknowledged', fmtInt(p.rows_acknowledged)),
       stat('Processed', fmtInt(p.rows_processed)),
-      stat('Lag', fmtInt(g.lag), 'rows not processed yet'),
+      stat('Lag', fmtInt(g.lag), 'acknowledged − processed'),
       stat('State on disk', fmtBytes(s.state_bytes)),
       stat('Output', fmtBytes(s.committed_output_bytes)),
       p.time_mode === 'event-time' && last ? stat('Watermark', last.next_watermark_ms >= 0 ? fmtTime(last.next_watermark_ms) : '–') : null);
@@ -187,7 +187,7 @@ function progressTab(live) {
       { label: 'State rows', value: (r) => fmtInt(r.state_rows_total), class: 'num' },
       { label: 'Timers', value: (r) => `+${r.timers_registered} / fired ${r.timers_fired}`, class: 'num' },
       { label: 'Late', value: (r) => fmtInt(r.late_rows), class: 'num' },
-      { label: 'Watermark', value: (r) => (r.watermark_ms >= 0 ? fmtTime(r.watermark_ms) : '–') },
+      { label: 'Watermark', value: (r) => (r.watermark_ms > 0 ? fmtTime(r.watermark_ms) : '–') },
     ], rows, { empty: 'No batch has run yet. Ingest rows to start one.', label: 'Progress records', class: 'progress' }));
   };
   live.listeners.add(draw);
