@@ -517,7 +517,7 @@ fn sql_takes_the_checkpoint_path_as_the_first_argument() {
     b.run_cmd(guests::COUNTER, "k").run().expect_ok();
     let (pa, pb) = (a.checkpoint(), b.checkpoint());
     let query = format!(
-        "SELECT x.key.k AS k, x.value.count AS a, y.value.count AS b \
+        "SELECT x.key.k AS k, x.value AS a, y.value AS b \
          FROM read_statestore('{}', stateVarName => 'count') x \
          JOIN read_statestore('{}', stateVarName => 'count') y ON x.key.k = y.key.k",
         pa.display(),

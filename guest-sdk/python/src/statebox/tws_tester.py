@@ -563,6 +563,7 @@ class _HostDriver:
                 self.proc.stdin.close()
             finally:
                 self.proc.wait(timeout=30)
+        self.proc.stdout.close()
 
     def __del__(self):
         try:
