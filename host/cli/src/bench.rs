@@ -35,6 +35,48 @@ pub(crate) enum BenchCommand {
     /// size, compile time, loading the compiled code from the cache, instantiate + `init`,
     /// and the first and next call.
     Startup(StartupArgs),
+    /// Kafka to Kafka: the counter from one topic to another, exactly once, next to the
+    /// same events from files (`bench count`) in the same run; then the end-to-end latency
+    /// (produce → output committed and visible) with `--trigger interval=100ms`.
+    Kafka(KafkaArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct KafkaArgs {
+    /// The Kafka brokers, HOST:PORT[,HOST:PORT]; each run creates two new topics there.
+    #[arg(long)]
+    brokers: String,
+    /// Events to generate.
+    #[arg(long, default_value_t = 1_000_000)]
+    events: u64,
+    /// Distinct keys.
+    #[arg(long, default_value_t = 100_000)]
+    keys: u64,
+    /// Partitions of the input and output topics.
+    #[arg(long, default_value_t = 4)]
+    topic_partitions: i32,
+    /// State partitions.
+    #[arg(long, default_value_t = 4)]
+    partitions: u16,
+    /// Records per micro-batch in the throughput run (default: everything in one batch,
+    /// as `bench count` reads one file).
+    #[arg(long)]
+    max_records_per_batch: Option<u64>,
+    /// Latency probes, one every 50 ms.
+    #[arg(long, default_value_t = 200)]
+    probes: u64,
+    /// A librdkafka client setting; repeat for more.
+    #[arg(long = "kafka-option", value_name = "KEY=VALUE", value_parser = parse_kafka_option)]
+    kafka_options: Vec<(String, String)>,
+    /// The counter component (default: build plugins/counter).
+    #[arg(long)]
+    processor: Option<PathBuf>,
+    #[command(flatten)]
+    sandbox: SandboxArgs,
+}
+
+fn parse_kafka_option(s: &str) -> Result<(String, String), String> {
+    statebox_kafka::parse_option(s).map_err(|e| e.to_string())
 }
 
 #[derive(Args)]
@@ -114,6 +156,7 @@ pub(crate) fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Ttl(args) => timed("ttl", "dedup-ttl", "id", args),
         BenchCommand::Serve(args) => serve(args),
         BenchCommand::Startup(args) => startup(args),
+        BenchCommand::Kafka(args) => kafka(args),
     }
 }
 
@@ -614,5 +657,194 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         keys: args.keys,
     })?;
     println!("{report}");
+    Ok(())
+}
+
+/// `bench kafka`: see [`BenchCommand::Kafka`].
+fn kafka(args: KafkaArgs) -> anyhow::Result<()> {
+    use statebox_engine::Endpoints;
+    use statebox_kafka::client::{RowProducer, TopicWatcher};
+    use statebox_kafka::{
+        Delivery, KafkaSink, KafkaSource, KafkaUrl, SinkOptions, SourceOptions, StartingOffsets,
+    };
+    anyhow::ensure!(
+        args.keys > 0 && args.events > 0 && args.topic_partitions > 0,
+        "--events, --keys and --topic-partitions must be positive"
+    );
+    let opts = &args.kafka_options;
+    let wasm = match &args.processor {
+        Some(p) => crate::plugin::resolve(p)?,
+        None => crate::plugin::resolve(&workspace_root().join("plugins/counter"))?,
+    };
+    let runtime = args.sandbox.runtime()?;
+    let processor: Arc<dyn ProcessorFactory> = Arc::new(runtime.load_file(&wasm)?);
+    let scratch = scratch_dir()?;
+    let dir = scratch.path();
+    let input = dir.join("input");
+    generate_count_input(&input, args.events, args.keys, 1)?;
+
+    // Files, as `bench count` runs them.
+    let options = |checkpoint: &str| QueryOptions {
+        partitions: Some(args.partitions),
+        ..QueryOptions::new(
+            input.clone(),
+            dir.join(format!("{checkpoint}.jsonl")),
+            dir.join(checkpoint),
+            vec!["key".into()],
+        )
+    };
+    let started = Instant::now();
+    let mut query = Query::open(options("files"), processor.clone())?;
+    let reports = query.run_available(|_| {})?;
+    let file_seconds = started.elapsed().as_secs_f64();
+    let input_rows: u64 = reports.iter().map(|r| r.commit.input_rows).sum();
+    anyhow::ensure!(input_rows == args.events, "files: read {input_rows} events");
+    drop(query);
+
+    // The same events in a topic.
+    let run_id = std::process::id();
+    let (in_topic, out_topic) = (
+        format!("statebox-bench-{run_id}-in"),
+        format!("statebox-bench-{run_id}-out"),
+    );
+    for t in [&in_topic, &out_topic] {
+        statebox_kafka::create_topic(&args.brokers, opts, t, args.topic_partitions)?;
+    }
+    let producer = RowProducer::new(&args.brokers, opts)?;
+    let started = Instant::now();
+    let text = std::fs::read_to_string(input.join("part-00000.jsonl"))?;
+    for line in text.lines() {
+        let key = line
+            .split('"')
+            .nth(3)
+            .context("generated rows have a string key")?;
+        producer.send(&in_topic, key, line)?;
+    }
+    producer.flush()?;
+    let produce_seconds = started.elapsed().as_secs_f64();
+
+    let url = |topic: &str| KafkaUrl {
+        brokers: args.brokers.clone(),
+        topics: vec![topic.to_owned()],
+    };
+    let endpoints = |bounded: bool, max: Option<u64>| -> anyhow::Result<Endpoints> {
+        Ok(Endpoints {
+            source: Some(Box::new(KafkaSource::new(SourceOptions {
+                url: url(&in_topic),
+                client_options: opts.clone(),
+                starting_offsets: if bounded {
+                    StartingOffsets::Earliest
+                } else {
+                    StartingOffsets::Latest
+                },
+                max_records_per_batch: max,
+                bounded,
+                columns: Vec::new(),
+                idle_timeout_ms: statebox_kafka::DEFAULT_IDLE_TIMEOUT_MS,
+            })?)),
+            sink: Some(Box::new(KafkaSink::new(SinkOptions {
+                url: url(&out_topic),
+                client_options: opts.clone(),
+                key_columns: vec!["key".into()],
+                delivery: Delivery::ExactlyOnce,
+            })?)),
+        })
+    };
+    let started = Instant::now();
+    let mut query = Query::open_with(
+        options("kafka"),
+        processor.clone(),
+        endpoints(true, args.max_records_per_batch)?,
+    )?;
+    let reports = query.run_available(|_| {})?;
+    let kafka_seconds = started.elapsed().as_secs_f64();
+    let kafka_rows: u64 = reports.iter().map(|r| r.commit.input_rows).sum();
+    anyhow::ensure!(kafka_rows == args.events, "kafka: read {kafka_rows} events");
+    let output_rows: u64 = reports.iter().map(|r| r.commit.output_rows).sum();
+    drop(query);
+    let round = |x: f64| (x * 1000.0).round() / 1000.0;
+    println!(
+        "{}",
+        json!({
+            "workload": "count", "source": "files", "sink": "file",
+            "events": args.events, "keys": args.keys, "partitions": args.partitions,
+            "seconds": round(file_seconds),
+            "events_per_s": (args.events as f64 / file_seconds).round(),
+        })
+    );
+    println!(
+        "{}",
+        json!({
+            "workload": "count", "source": "kafka", "sink": "kafka (exactly once)",
+            "events": args.events, "keys": args.keys, "partitions": args.partitions,
+            "topic_partitions": args.topic_partitions, "batches": reports.len(),
+            "output_rows": output_rows,
+            "seconds": round(kafka_seconds),
+            "events_per_s": (args.events as f64 / kafka_seconds).round(),
+            "produce_events_per_s": (args.events as f64 / produce_seconds).round(),
+        })
+    );
+
+    // Latency: a query with an interval trigger of 100 ms, new events one every 50 ms,
+    // each with a fresh key, and a read_committed consumer of the output that notes when
+    // each key's row appears.
+    let interval = std::time::Duration::from_millis(100);
+    let mut query = Query::open_with(options("latency"), processor, endpoints(false, None)?)?;
+    let watcher = TopicWatcher::new(&args.brokers, opts, &out_topic)?;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let sent: Mutex<std::collections::HashMap<String, Instant>> = Mutex::default();
+    let mut latencies: Vec<f64> = Vec::new();
+    std::thread::scope(|s| -> anyhow::Result<()> {
+        let runner = s.spawn(|| -> anyhow::Result<()> {
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let t = Instant::now();
+                query.run_next(None)?;
+                std::thread::sleep(interval.saturating_sub(t.elapsed()));
+            }
+            Ok(())
+        });
+        let sender = s.spawn(|| -> anyhow::Result<()> {
+            for i in 0..args.probes {
+                let key = format!("probe-{i}");
+                sent.lock()
+                    .expect("lock")
+                    .insert(key.clone(), Instant::now());
+                producer.send(&in_topic, &key, &json!({ "key": key }).to_string())?;
+                producer.flush()?;
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Ok(())
+        });
+        let deadline = Instant::now() + std::time::Duration::from_secs(60 + args.probes / 10);
+        while (latencies.len() as u64) < args.probes && Instant::now() < deadline {
+            if let Some((Some(key), _)) = watcher.next(std::time::Duration::from_millis(100))
+                && let Some(at) = sent.lock().expect("lock").remove(&key)
+            {
+                latencies.push(at.elapsed().as_secs_f64() * 1000.0);
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        sender.join().expect("the sender")?;
+        runner.join().expect("the runner")?;
+        Ok(())
+    })?;
+    anyhow::ensure!(
+        latencies.len() as u64 == args.probes,
+        "only {} of {} probes came through",
+        latencies.len(),
+        args.probes
+    );
+    latencies.sort_by(f64::total_cmp);
+    let pct = |p: f64| latencies[((latencies.len() - 1) as f64 * p).round() as usize];
+    println!(
+        "{}",
+        json!({
+            "workload": "latency", "source": "kafka", "sink": "kafka (exactly once)",
+            "trigger": "interval=100ms", "probes": args.probes,
+            "p50_ms": (pct(0.5) * 10.0).round() / 10.0,
+            "p99_ms": (pct(0.99) * 10.0).round() / 10.0,
+            "max_ms": (pct(1.0) * 10.0).round() / 10.0,
+        })
+    );
     Ok(())
 }

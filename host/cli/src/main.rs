@@ -2,6 +2,7 @@
 
 mod bench;
 mod job;
+mod kafka;
 mod plugin;
 mod python;
 mod scenario;
@@ -83,10 +84,12 @@ struct RunArgs {
     /// The processor: a `.wasm` component, or a plugin folder (built with cargo if needed).
     #[arg(long)]
     processor: PathBuf,
-    /// Input JSON Lines file, or a directory read file by file in name order.
+    /// Input JSON Lines file, a directory read file by file in name order, or Kafka topics:
+    /// `kafka://HOST:PORT[,HOST:PORT]/TOPIC[,TOPIC]` (each record's value is one JSON row).
     #[arg(long)]
     input: PathBuf,
-    /// Output JSON Lines file; emitted rows are appended exactly once per batch.
+    /// Output JSON Lines file, appended exactly once per batch; or a Kafka topic,
+    /// `kafka://HOST:PORT/TOPIC`, written one transaction per batch.
     #[arg(long)]
     output: PathBuf,
     /// Checkpoint directory (state, offsets, commits).
@@ -134,6 +137,8 @@ struct RunArgs {
     /// running, one batch per interval, including no-data batches; Ctrl-C stops cleanly).
     #[arg(long, default_value = "available-now", value_parser = parse_trigger)]
     trigger: Trigger,
+    #[command(flatten)]
+    kafka: kafka::KafkaArgs,
     #[command(flatten)]
     sandbox: SandboxArgs,
 }
@@ -329,7 +334,17 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         snapshot_interval: args.snapshot_interval,
         ..QueryOptions::new(args.input, args.output.clone(), args.checkpoint, args.key)
     };
-    let mut query = Query::open(opts, Arc::new(processor))?;
+    let endpoints = kafka::endpoints(
+        &args.kafka,
+        kafka::Wiring {
+            input: &opts.input,
+            output: &opts.output,
+            key_columns: &opts.key_columns,
+            event_time: opts.event_time.as_ref().map(|e| e.column.as_str()),
+            bounded: matches!(args.trigger, Trigger::AvailableNow),
+        },
+    )?;
+    let mut query = Query::open_with(opts, Arc::new(processor), endpoints)?;
     let progress_json = args.progress_json;
     let live = std::io::stderr().is_terminal();
     let line_open = std::cell::Cell::new(false);

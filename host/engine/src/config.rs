@@ -167,6 +167,10 @@ pub struct BatchPlan {
     /// The initial state applied before the input (first batch of a new checkpoint only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub initial_ranges: Vec<FileRange>,
+    /// What a record source (Kafka) reads in this batch, in the source's own terms (for
+    /// Kafka, offset ranges per topic partition); none for files and no-data batches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<serde_json::Value>,
 }
 
 /// The commit log entry, written atomically with the batch's state changes.
@@ -245,6 +249,10 @@ pub struct CommitRecord {
     /// the delay, never decreasing. -1 outside event-time mode.
     #[serde(default = "no_watermark")]
     pub next_watermark_ms: i64,
+    /// The id of the sink delivery that holds this batch's output (for Kafka, the
+    /// transaction's `statebox.delivery` header), when the sink names its deliveries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sink_delivery: Option<String>,
 }
 
 fn no_watermark() -> i64 {
@@ -281,6 +289,12 @@ pub(crate) mod meta {
     pub const PLAN_PREFIX: &str = "plan/";
     pub const COMMIT_PREFIX: &str = "commit/";
     pub const SOURCE_PREFIX: &str = "source/";
+    /// A record source's committed positions, by the source's own names.
+    pub const INPUT_PREFIX: &str = "input/";
+    /// What reads the checkpoint's input, when it is not files (see `RecordSource`).
+    pub const SOURCE_IDENTITY: &str = "source-identity";
+    /// The batch and id of the latest sink delivery begun (see `BatchSink`).
+    pub const SINK_DELIVERY: &str = "sink-delivery";
 
     pub fn plan(batch: u64) -> String {
         format!("{PLAN_PREFIX}{batch:020}")
@@ -296,5 +310,9 @@ pub(crate) mod meta {
 
     pub fn source(file: &str) -> String {
         format!("{SOURCE_PREFIX}{file}")
+    }
+
+    pub fn input(name: &str) -> String {
+        format!("{INPUT_PREFIX}{name}")
     }
 }

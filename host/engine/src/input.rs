@@ -66,7 +66,7 @@ pub(crate) struct EventTime<'c> {
 }
 
 /// What decoding a batch produced besides the groups.
-#[derive(Default, Debug, Clone, Copy)]
+#[derive(Default, Debug, Clone)]
 pub(crate) struct DecodeStats {
     /// Rows handed to the processor.
     pub rows: u64,
@@ -74,6 +74,8 @@ pub(crate) struct DecodeStats {
     pub late_rows: u64,
     /// The largest event time among all rows read (late ones included), if any.
     pub max_event_time_ms: Option<i64>,
+    /// The same for each text, in the order of the texts.
+    pub max_event_time_per_text: Vec<Option<i64>>,
 }
 
 /// One decoded row of a chunk.
@@ -129,10 +131,16 @@ pub(crate) fn decode<'a>(
     for lane in decoded {
         all.extend(lane?);
     }
+    let mut max_event_time_per_text = vec![None; texts.len()];
+    for c in &all {
+        let m = &mut max_event_time_per_text[c.file as usize];
+        *m = (*m).max(c.max_event_time_ms);
+    }
     let stats = DecodeStats {
         rows: all.iter().map(|c| c.rows.len() as u64).sum(),
         late_rows: all.iter().map(|c| c.late_rows).sum(),
         max_event_time_ms: all.iter().filter_map(|c| c.max_event_time_ms).max(),
+        max_event_time_per_text,
     };
 
     let group_lanes = workers.min(partitions).max(1);

@@ -13,6 +13,7 @@
 //! output lands exactly once.
 
 mod config;
+mod endpoints;
 mod input;
 mod partition;
 mod processor;
@@ -34,6 +35,7 @@ use crate::config::meta;
 pub use crate::config::{
     BatchPlan, CommitRecord, FileProgress, OutputMode, QueryConfig, TimeMode, VariableCounts,
 };
+pub use crate::endpoints::{BatchSink, RecordSource, SourceBatch, SourceText};
 use crate::input::{Origin, PartitionInput};
 pub use crate::processor::{PartitionProcessor, ProcessorFactory};
 pub use crate::reader::StateReader;
@@ -57,6 +59,15 @@ pub enum EngineError {
         /// 1-based line number.
         line: u64,
         /// What is wrong with the row.
+        message: String,
+    },
+    /// A bad input record of a [`RecordSource`] (for Kafka, `at` names the topic, partition
+    /// and offset).
+    #[error("{at}: {message}")]
+    Record {
+        /// Where the record is.
+        at: String,
+        /// What is wrong with it.
         message: String,
     },
     /// The processor failed; the batch committed nothing.
@@ -170,9 +181,32 @@ pub struct Query {
     run_id: String,
     source: FileSource,
     progress: BTreeMap<String, FileProgress>,
+    /// A source other than files; `source` and `progress` are then unused.
+    records: Option<Box<dyn RecordSource>>,
     head: Option<CommitRecord>,
-    sink: Sink,
+    sink: Output,
     scanner: statebox_schema::RowScanner,
+}
+
+/// Where a query's rows go.
+enum Output {
+    /// The JSON Lines file of [`QueryOptions::output`].
+    File(Sink),
+    /// A [`BatchSink`]. `reopen` is set after a batch failed with its delivery's outcome
+    /// unknown: the sink must learn again which batches it has before the next one.
+    Batches {
+        sink: Box<dyn BatchSink>,
+        reopen: bool,
+    },
+}
+
+/// A query's input and output when they are not the files of [`QueryOptions`].
+#[derive(Default)]
+pub struct Endpoints {
+    /// Read records from this source instead of [`QueryOptions::input`].
+    pub source: Option<Box<dyn RecordSource>>,
+    /// Deliver rows to this sink instead of appending them to [`QueryOptions::output`].
+    pub sink: Option<Box<dyn BatchSink>>,
 }
 
 const DEFAULT_PARTITIONS: u16 = 4;
@@ -184,6 +218,19 @@ impl Query {
         opts: QueryOptions,
         factory: Arc<dyn ProcessorFactory>,
     ) -> Result<Query, EngineError> {
+        Query::open_with(opts, factory, Endpoints::default())
+    }
+
+    /// Like [`Query::open`], reading from and writing to `endpoints` where they are set.
+    pub fn open_with(
+        opts: QueryOptions,
+        factory: Arc<dyn ProcessorFactory>,
+        endpoints: Endpoints,
+    ) -> Result<Query, EngineError> {
+        let Endpoints {
+            source: mut records,
+            sink: batch_sink,
+        } = endpoints;
         if opts.key_columns.is_empty() {
             return Err(EngineError::Config(
                 "at least one key column is required (--key)".into(),
@@ -248,7 +295,7 @@ impl Query {
                 // (Checked before the query record is written, so a refused run leaves no
                 // checkpoint behind that would allow the truncation next time.)
                 let existing = std::fs::metadata(&opts.output).map_or(0, |m| m.len());
-                if existing > 0 {
+                if existing > 0 && batch_sink.is_none() {
                     return Err(EngineError::Config(format!(
                         "output {} already holds {existing} bytes but checkpoint {} is new; \
                          statebox appends each batch's rows exactly once and needs a missing \
@@ -263,6 +310,10 @@ impl Query {
                         "--partitions must be at least 1".into(),
                     ));
                 }
+                if let Some(source) = &records {
+                    checkpoint
+                        .put_meta_sync(meta::SOURCE_IDENTITY, source.identity().as_bytes())?;
+                }
                 checkpoint.put_meta_sync(
                     meta::QUERY,
                     &serde_json::to_vec(&config).expect("serialises"),
@@ -270,6 +321,25 @@ impl Query {
                 config
             }
         };
+        // The source cannot change under an existing checkpoint: its positions would mean
+        // nothing to another source (as in Spark).
+        let identity = checkpoint
+            .get_meta(meta::SOURCE_IDENTITY)?
+            .map(|b| String::from_utf8_lossy(&b).into_owned());
+        let wanted = records.as_ref().map(|s| s.identity());
+        if identity != wanted {
+            let name = |i: &Option<String>| {
+                i.clone()
+                    .unwrap_or_else(|| "files (--input PATH)".to_owned())
+            };
+            return Err(EngineError::Config(format!(
+                "the checkpoint {} reads from {}, but this run asks for {}; the input of an \
+                 existing checkpoint cannot change (use a new --checkpoint)",
+                opts.checkpoint.display(),
+                name(&identity),
+                name(&wanted)
+            )));
+        }
         let catalog = match checkpoint.get_meta(meta::CATALOG)? {
             Some(bytes) => Catalog::from_json(&bytes).map_err(|e| {
                 EngineError::Config(format!("checkpoint catalog is unreadable: {e}"))
@@ -309,8 +379,38 @@ impl Query {
                 h.batch_id
             );
         }
-        let sink = Sink::open(&opts.output, head.as_ref().map_or(0, |h| h.output_bytes))?;
-        let source = FileSource::new(&opts.input)?;
+        let pending = {
+            let next = head.as_ref().map_or(0, |h| h.batch_id + 1);
+            checkpoint.get_meta(&meta::plan(next))?.map(|_| next)
+        };
+        let sink = match batch_sink {
+            Some(mut sink) => {
+                let query_id = config.query_id.as_deref().unwrap_or_default();
+                sink.open(query_id, head.as_ref().map(|h| h.batch_id), pending)?;
+                Output::Batches {
+                    sink,
+                    reopen: false,
+                }
+            }
+            None => Output::File(Sink::open(
+                &opts.output,
+                head.as_ref().map_or(0, |h| h.output_bytes),
+            )?),
+        };
+        if let Some(source) = &mut records {
+            let committed = checkpoint
+                .scan_meta(meta::INPUT_PREFIX)?
+                .into_iter()
+                .map(|(name, value)| (name[meta::INPUT_PREFIX.len()..].to_owned(), value))
+                .collect();
+            source.restore(committed, head.is_none())?;
+        }
+        // With a record source the file source is never asked for anything; it points at
+        // the checkpoint directory only because `--input` names no path then.
+        let source = FileSource::new(match records {
+            Some(_) => &opts.checkpoint,
+            None => &opts.input,
+        })?;
         let mut columns = config.key_columns.clone();
         columns.extend(config.event_time_column.clone());
         let scanner =
@@ -326,6 +426,7 @@ impl Query {
             run_id: config::new_uuid(),
             source,
             progress,
+            records,
             head,
             sink,
             scanner,
@@ -364,17 +465,22 @@ impl Query {
         if let Some(plan) = self.pending_plan()? {
             return self.run_batch(&plan).map(Some);
         }
-        let ranges = self
-            .source
-            .next_ranges(&self.progress, self.opts.max_files_per_batch)?;
+        let (ranges, source_plan) = match &mut self.records {
+            Some(source) => (Vec::new(), source.plan()?),
+            None => (
+                self.source
+                    .next_ranges(&self.progress, self.opts.max_files_per_batch)?,
+                None,
+            ),
+        };
         let watermark_advanced = self
             .head
             .as_ref()
             .is_some_and(|h| h.next_watermark_ms > h.watermark_ms);
-        if ranges.is_empty() && !watermark_advanced {
+        if ranges.is_empty() && source_plan.is_none() && !watermark_advanced {
             return Ok(None);
         }
-        let plan = self.plan(ranges, at_ms)?;
+        let plan = self.plan(ranges, source_plan, at_ms)?;
         self.run_batch(&plan).map(Some)
     }
 
@@ -383,7 +489,7 @@ impl Query {
     pub fn run_no_data(&mut self, at_ms: Option<i64>) -> Result<BatchReport, EngineError> {
         let plan = match self.pending_plan()? {
             Some(plan) => plan,
-            None => self.plan(Vec::new(), at_ms)?,
+            None => self.plan(Vec::new(), None, at_ms)?,
         };
         self.run_batch(&plan)
     }
@@ -409,6 +515,7 @@ impl Query {
     fn plan(
         &mut self,
         ranges: Vec<FileRange>,
+        source: Option<serde_json::Value>,
         at_ms: Option<i64>,
     ) -> Result<BatchPlan, EngineError> {
         let batch_id = self.next_batch_id();
@@ -429,6 +536,7 @@ impl Query {
             watermark_ms,
             ranges,
             initial_ranges,
+            source,
         };
         self.checkpoint.put_meta_sync(
             &meta::plan(batch_id),
@@ -444,11 +552,26 @@ impl Query {
         match self.try_run_batch(plan) {
             Ok(report) => Ok(report),
             Err(e) => {
-                // Output appended before a failed commit must not survive into the next
-                // batch's committed length.
-                let committed = self.head.as_ref().map_or(0, |h| h.output_bytes);
-                if let Err(io) = self.sink.rollback(committed) {
-                    tracing::warn!(error = %io, "could not roll the output back");
+                let keep_plan = match &mut self.sink {
+                    Output::File(sink) => {
+                        // Output appended before a failed commit must not survive into the
+                        // next batch's committed length.
+                        let committed = self.head.as_ref().map_or(0, |h| h.output_bytes);
+                        if let Err(io) = sink.rollback(committed) {
+                            tracing::warn!(error = %io, "could not roll the output back");
+                        }
+                        false
+                    }
+                    // A delivery that may have reached the sink cannot be taken back: the
+                    // batch must run again exactly as planned, never re-planned.
+                    Output::Batches { sink, reopen } => {
+                        let may = sink.may_have_delivered(plan.batch_id);
+                        *reopen |= may;
+                        may
+                    }
+                };
+                if keep_plan {
+                    return Err(e);
                 }
                 let withdraw = Commit {
                     drop_vars: Vec::new(),
@@ -467,8 +590,40 @@ impl Query {
     fn try_run_batch(&mut self, plan: &BatchPlan) -> Result<BatchReport, EngineError> {
         let started = Instant::now();
         let workers = self.workers();
+        if let Output::Batches { sink, reopen } = &mut self.sink
+            && *reopen
+        {
+            let query_id = self.config.query_id.as_deref().unwrap_or_default();
+            sink.open(
+                query_id,
+                self.head.as_ref().map(|h| h.batch_id),
+                Some(plan.batch_id),
+            )?;
+            *reopen = false;
+        }
         let mut buffers = Vec::with_capacity(plan.ranges.len());
         let mut new_progress = Vec::new();
+        // A record source's texts: each with a made-up range (lines count from 1) and the
+        // position of each line's record, to name records in errors.
+        let mut record_ranges = Vec::new();
+        let mut record_names = Vec::new();
+        let mut positions: Vec<Vec<i64>> = Vec::new();
+        let mut source_progress = Vec::new();
+        if let (Some(source), Some(source_plan)) = (&mut self.records, &plan.source) {
+            let batch = source.read(source_plan)?;
+            source_progress = batch.progress;
+            for t in batch.texts {
+                record_ranges.push(FileRange {
+                    file: t.name.clone(),
+                    start: 0,
+                    end: t.text.len() as u64,
+                    first_line: 1,
+                });
+                record_names.push(t.name);
+                positions.push(t.positions);
+                buffers.push(t.text);
+            }
+        }
         for range in &plan.ranges {
             let text = self.source.read(range)?;
             // Only line breaks count: a last line without one continues when the file grows.
@@ -484,13 +639,18 @@ impl Query {
         }
         let texts: Vec<input::Text<'_>> = buffers
             .iter()
-            .zip(&plan.ranges)
-            .map(|(text, range)| input::Text {
+            .zip(record_ranges.iter().chain(&plan.ranges))
+            .enumerate()
+            .map(|(i, (text, range))| input::Text {
                 text,
                 range,
-                file_name: self.source.path_of(&range.file).display().to_string(),
+                file_name: match record_names.get(i) {
+                    Some(name) => name.clone(),
+                    None => self.source.path_of(&range.file).display().to_string(),
+                },
             })
             .collect();
+        let locate = |e: EngineError| locate_record(e, &record_names, &positions);
         let event_time = match (self.config.time_mode, &self.config.event_time_column) {
             (TimeMode::EventTime, Some(column)) => Some(input::EventTime {
                 column,
@@ -506,7 +666,8 @@ impl Query {
             event_time,
             self.instances.len(),
             workers,
-        )?;
+        )
+        .map_err(locate)?;
         let input_rows = stats.rows;
         let initial = self.read_initial_state(plan)?;
         let initial_texts: Vec<input::Text<'_>> = initial
@@ -540,11 +701,15 @@ impl Query {
             batch_timestamp_ms: plan.timestamp_ms,
             watermark_ms: plan.watermark_ms,
         };
-        let results = self.execute(inputs, initial_inputs, times, &file_names)?;
+        let results = self
+            .execute(inputs, initial_inputs, times, &file_names)
+            .map_err(locate)?;
         let process_ms = started.elapsed().as_millis() as u64 - read_ms;
 
         let mut txns = Vec::with_capacity(results.len());
         let mut output = Vec::new();
+        let mut output_list = Vec::new();
+        let to_file = matches!(self.sink, Output::File(_));
         let mut output_rows = 0u64;
         let (mut timers_fired, mut ttl_removed, mut timers_ms, mut ttl_ms) = (0, 0, 0, 0);
         for r in results {
@@ -553,14 +718,63 @@ impl Query {
             timers_ms = timers_ms.max(r.timers_ms);
             ttl_ms = ttl_ms.max(r.ttl_ms);
             txns.push(r.txn);
-            for row in r.rows {
-                output.extend_from_slice(row.as_bytes());
-                output.push(b'\n');
-                output_rows += 1;
+            output_rows += r.rows.len() as u64;
+            if to_file {
+                for row in r.rows {
+                    output.extend_from_slice(row.as_bytes());
+                    output.push(b'\n');
+                }
+            } else {
+                output_list.extend(r.rows);
             }
         }
-        let output_bytes = self.sink.append(&output)?;
+        let mut sink_delivery = None;
+        let output_bytes = match &mut self.sink {
+            Output::File(sink) => sink.append(&output)?,
+            Output::Batches { sink, .. } => {
+                if sink.has_batch(plan.batch_id)? {
+                    // Delivered by a run that died before committing: the rows computed
+                    // again here are the ones the sink has; they are not sent twice.
+                    tracing::info!(
+                        batch_id = plan.batch_id,
+                        "the sink already has this batch; its output is not sent again"
+                    );
+                    sink_delivery = self
+                        .checkpoint
+                        .get_meta(meta::SINK_DELIVERY)?
+                        .and_then(|b| serde_json::from_slice::<SinkDelivery>(&b).ok())
+                        .filter(|d| d.batch_id == plan.batch_id)
+                        .map(|d| d.id);
+                } else {
+                    sink_delivery = sink.delivery_id(plan.batch_id);
+                    if let Some(id) = &sink_delivery {
+                        // Logged before delivering, so that if this run dies after the
+                        // sink has the batch, the next run can name the delivery.
+                        let logged = SinkDelivery {
+                            batch_id: plan.batch_id,
+                            id: id.clone(),
+                        };
+                        self.checkpoint.put_meta_sync(
+                            meta::SINK_DELIVERY,
+                            &serde_json::to_vec(&logged).expect("serialises"),
+                        )?;
+                    }
+                    sink.deliver(plan.batch_id, &output_list)?;
+                }
+                self.head.as_ref().map_or(0, |h| h.output_bytes)
+            }
+        };
 
+        // A record source may hold the watermark back for a partition that runs behind.
+        let (event_time_seen, event_time_progress) =
+            match (&mut self.records, &plan.source, self.config.time_mode) {
+                (Some(source), Some(source_plan), TimeMode::EventTime) => source.event_time_seen(
+                    source_plan,
+                    &stats.max_event_time_per_text,
+                    plan.timestamp_ms,
+                ),
+                _ => (stats.max_event_time_ms, Vec::new()),
+            };
         let mut commit = CommitRecord {
             batch_id: plan.batch_id,
             timestamp_ms: plan.timestamp_ms,
@@ -588,9 +802,10 @@ impl Query {
             timers_total: 0,
             timers_registered: 0,
             timers_deleted: 0,
+            sink_delivery,
             next_watermark_ms: match self.config.time_mode {
                 TimeMode::EventTime => {
-                    let seen = stats.max_event_time_ms.map_or(i64::MIN, |m| {
+                    let seen = event_time_seen.map_or(i64::MIN, |m| {
                         m.saturating_sub(self.config.watermark_delay_ms)
                     });
                     plan.watermark_ms.max(seen)
@@ -625,6 +840,9 @@ impl Query {
                 meta::source(file),
                 Some(serde_json::to_vec(p).expect("serialises")),
             ));
+        }
+        for (name, value) in source_progress.into_iter().chain(event_time_progress) {
+            meta_writes.push((meta::input(&name), Some(value)));
         }
         let partitions = usize::from(self.config.partitions.max(1));
         let previous = self.head.as_ref();
@@ -669,6 +887,9 @@ impl Query {
             .take_changes();
         for (file, p) in new_progress {
             self.progress.insert(file, p);
+        }
+        if let (Some(source), Some(source_plan)) = (&mut self.records, &plan.source) {
+            source.committed(source_plan);
         }
         self.head = Some(commit.clone());
         self.snapshot(plan.batch_id);
@@ -895,4 +1116,37 @@ fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// What the checkpoint logs before a [`BatchSink`] delivery.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SinkDelivery {
+    batch_id: u64,
+    id: String,
+}
+
+/// Turns an error about line `n` of a record source's text into one naming the record's
+/// position (`names[i]` is text `i`'s name, `positions[i]` its records' positions).
+fn locate_record(e: EngineError, names: &[String], positions: &[Vec<i64>]) -> EngineError {
+    match e {
+        EngineError::Input {
+            file,
+            line,
+            message,
+        } => match names.iter().position(|n| *n == file) {
+            Some(i) => {
+                let at = match positions[i].get(line.saturating_sub(1) as usize) {
+                    Some(p) => format!("{file} offset {p}"),
+                    None => file,
+                };
+                EngineError::Record { at, message }
+            }
+            None => EngineError::Input {
+                file,
+                line,
+                message,
+            },
+        },
+        e => e,
+    }
 }

@@ -955,6 +955,7 @@ mod tests {
             timers_registered: 0,
             timers_deleted: 0,
             next_watermark_ms: -1,
+            sink_delivery: None,
         }
     }
 

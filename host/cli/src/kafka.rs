@@ -1,0 +1,134 @@
+//! `statebox run` with Kafka: the `kafka://` input and output and their settings.
+
+use anyhow::Context;
+use clap::Args;
+use statebox_engine::Endpoints;
+use statebox_kafka::{
+    Column, Delivery, KafkaSink, KafkaSource, KafkaUrl, SinkOptions, SourceOptions, StartingOffsets,
+};
+
+/// Settings of a `kafka://` input or output.
+#[derive(Args, Clone, Debug)]
+pub(crate) struct KafkaArgs {
+    /// A librdkafka client setting for the Kafka input and output, e.g.
+    /// `security.protocol=SASL_SSL`; repeat for more.
+    #[arg(long = "kafka-option", value_name = "KEY=VALUE", value_parser = parse_option)]
+    kafka_options: Vec<(String, String)>,
+    /// Where a new query starts reading Kafka: `earliest`, `latest`, or JSON as in Spark,
+    /// e.g. `{"orders":{"0":23,"1":-2}}` (-2 earliest, -1 latest; partitions not named
+    /// start at the earliest offset). Ignored once the checkpoint holds offsets.
+    #[arg(long, default_value = "earliest", value_parser = parse_starting_offsets)]
+    starting_offsets: StartingOffsets,
+    /// At most this many Kafka offsets per micro-batch, shared among partitions in
+    /// proportion to their backlog (default: everything available).
+    #[arg(long)]
+    max_records_per_batch: Option<u64>,
+    /// Kafka columns added to every input row: key, topic, partition, offset, timestamp
+    /// (`--event-time timestamp` adds `timestamp` by itself).
+    #[arg(long, value_delimiter = ',', value_parser = parse_column)]
+    kafka_columns: Vec<Column>,
+    /// With Kafka input in event-time mode, a partition without records for this long (in
+    /// batch time) stops holding the watermark back.
+    #[arg(long, default_value = "1m", value_parser = crate::parse_duration_ms)]
+    partition_idle_timeout: i64,
+    /// Output columns that make each Kafka record's key, comma-separated (default: the
+    /// grouping key columns).
+    #[arg(long, value_delimiter = ',')]
+    output_key: Vec<String>,
+    /// Kafka output delivery: `exactly-once` (one transaction per batch; consumers with
+    /// isolation.level=read_committed see each row once) or `at-least-once` (no
+    /// transactions; a batch re-run after a crash is sent again).
+    #[arg(long, default_value = "exactly-once", value_parser = parse_delivery)]
+    output_delivery: Delivery,
+}
+
+fn parse_option(s: &str) -> Result<(String, String), String> {
+    statebox_kafka::parse_option(s).map_err(|e| e.to_string())
+}
+
+fn parse_starting_offsets(s: &str) -> Result<StartingOffsets, String> {
+    s.parse().map_err(|e: statebox_kafka::Error| e.to_string())
+}
+
+fn parse_column(s: &str) -> Result<Column, String> {
+    s.parse().map_err(|e: statebox_kafka::Error| e.to_string())
+}
+
+fn parse_delivery(s: &str) -> Result<Delivery, String> {
+    s.parse().map_err(|e: statebox_kafka::Error| e.to_string())
+}
+
+/// How a run's input and output are reached.
+pub(crate) struct Wiring<'a> {
+    pub input: &'a std::path::Path,
+    pub output: &'a std::path::Path,
+    pub key_columns: &'a [String],
+    pub event_time: Option<&'a str>,
+    /// Trigger `available-now`: read up to the end offsets seen at start.
+    pub bounded: bool,
+}
+
+/// The engine endpoints for `kafka://` inputs and outputs (none for files), refusing
+/// Kafka settings without a Kafka input or output.
+pub(crate) fn endpoints(args: &KafkaArgs, w: Wiring<'_>) -> anyhow::Result<Endpoints> {
+    let url = |p: &std::path::Path| -> anyhow::Result<Option<KafkaUrl>> {
+        Ok(KafkaUrl::parse(&p.to_string_lossy())?)
+    };
+    let (input, output) = (url(w.input)?, url(w.output)?);
+    if input.is_none() {
+        let source_only = [
+            (
+                args.max_records_per_batch.is_some(),
+                "--max-records-per-batch",
+            ),
+            (!args.kafka_columns.is_empty(), "--kafka-columns"),
+        ];
+        if let Some((_, flag)) = source_only.iter().find(|(set, _)| *set) {
+            anyhow::bail!("{flag} needs a Kafka input (--input kafka://HOST:PORT/TOPIC)");
+        }
+    }
+    if output.is_none() && !args.output_key.is_empty() {
+        anyhow::bail!("--output-key needs a Kafka output (--output kafka://HOST:PORT/TOPIC)");
+    }
+    if input.is_none() && output.is_none() && !args.kafka_options.is_empty() {
+        anyhow::bail!("--kafka-option needs a Kafka input or output");
+    }
+    let mut endpoints = Endpoints::default();
+    if let Some(url) = input {
+        let mut columns = args.kafka_columns.clone();
+        // The record timestamp as event time: `--event-time timestamp` (or any Kafka
+        // column) brings its column along.
+        if let Some(c) = w.event_time.and_then(|c| c.parse::<Column>().ok())
+            && !columns.contains(&c)
+        {
+            columns.push(c);
+        }
+        let source = KafkaSource::new(SourceOptions {
+            url,
+            client_options: args.kafka_options.clone(),
+            starting_offsets: args.starting_offsets.clone(),
+            max_records_per_batch: args.max_records_per_batch,
+            bounded: w.bounded,
+            columns,
+            idle_timeout_ms: args.partition_idle_timeout,
+        })
+        .context("cannot set up the Kafka input")?;
+        endpoints.source = Some(Box::new(source));
+    }
+    if let Some(url) = output {
+        let key_columns = if args.output_key.is_empty() {
+            w.key_columns.to_vec()
+        } else {
+            args.output_key.clone()
+        };
+        let sink = KafkaSink::new(SinkOptions {
+            url,
+            client_options: args.kafka_options.clone(),
+            key_columns,
+            delivery: args.output_delivery,
+        })
+        .context("cannot set up the Kafka output")?;
+        endpoints.sink = Some(Box::new(sink));
+    }
+    Ok(endpoints)
+}

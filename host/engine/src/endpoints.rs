@@ -1,0 +1,166 @@
+//! The seams for sources and sinks other than files (Kafka, in `statebox-kafka`; the
+//! engine never links a Kafka client): a [`RecordSource`] plans each batch as positions the
+//! engine logs before the batch runs and commits with its state, and a [`BatchSink`]
+//! delivers each batch all or nothing and knows, after a crash, which batches it has.
+
+use crate::EngineError;
+
+/// A source of records that are not files (Kafka, in `statebox-kafka`): the engine logs the
+/// source's plan of each batch before the batch runs and commits the source's positions in
+/// the same write as the batch's state, so the checkpoint, not the source, knows what was
+/// read. A re-run of a batch reads exactly what its plan names.
+pub trait RecordSource: Send {
+    /// What the checkpoint records of this source when it is created (for Kafka, the
+    /// topics), so that a restart with a different source is refused.
+    fn identity(&self) -> String;
+
+    /// Called once when the query opens, with the positions committed by earlier batches
+    /// (the entries of [`SourceBatch::progress`], latest value per name). `new_query` is
+    /// true for a checkpoint that has committed no batch.
+    fn restore(
+        &mut self,
+        committed: Vec<(String, Vec<u8>)>,
+        new_query: bool,
+    ) -> Result<(), EngineError>;
+
+    /// Plans the next batch after the committed (and restored) positions, or `None` when
+    /// there is nothing new to read. The plan is opaque to the engine; it is logged as is.
+    fn plan(&mut self) -> Result<Option<serde_json::Value>, EngineError>;
+
+    /// Reads exactly the records a plan names, however often it is called for that plan.
+    fn read(&mut self, plan: &serde_json::Value) -> Result<SourceBatch, EngineError>;
+
+    /// The batch planned with `plan` has committed: its positions are durable.
+    fn committed(&mut self, plan: &serde_json::Value);
+
+    /// In event-time mode, the largest event time the next batch's watermark may follow,
+    /// given the largest event time of each of the batch's texts (in the order `read`
+    /// returned them) and the batch timestamp. A source with partitions returns the minimum
+    /// over its partitions, so one partition that runs behind holds the watermark back, and
+    /// may leave out partitions that have been idle for a while. The default takes the
+    /// maximum over all texts, as the file source does. The returned entries are committed
+    /// with the batch, like [`SourceBatch::progress`].
+    fn event_time_seen(
+        &mut self,
+        _plan: &serde_json::Value,
+        per_text_max_ms: &[Option<i64>],
+        _batch_timestamp_ms: i64,
+    ) -> (Option<i64>, Vec<(String, Vec<u8>)>) {
+        (per_text_max_ms.iter().flatten().copied().max(), Vec::new())
+    }
+}
+
+/// What a [`RecordSource`] read for one batch.
+#[derive(Debug, Default)]
+pub struct SourceBatch {
+    /// The rows, one text per source partition, in a fixed order.
+    pub texts: Vec<SourceText>,
+    /// Positions to commit with the batch, as named entries; the next `restore` gets the
+    /// latest value of each name.
+    pub progress: Vec<(String, Vec<u8>)>,
+}
+
+/// Rows of one source partition: one JSON row per line.
+#[derive(Debug, Default)]
+pub struct SourceText {
+    /// Names the partition in error messages (e.g. `topic orders partition 3`).
+    pub name: String,
+    /// JSON rows separated by `\n`; no row contains a line break.
+    pub text: String,
+    /// The position of each line's record (a Kafka offset), named with the partition in
+    /// error messages.
+    pub positions: Vec<i64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::FileProgress;
+
+    fn plan(dir: &Path, progress: &BTreeMap<String, FileProgress>, max: u64) -> Vec<FileRange> {
+        FileSource::new(dir)
+            .unwrap()
+            .next_ranges_bounded(progress, 64, max)
+            .unwrap()
+    }
+
+    #[test]
+    fn a_byte_budget_cuts_batches_at_line_boundaries() {
+        let dir = tempfile::tempdir().unwrap();
+        // Lines of 10 bytes: "{\"a\":123}\n" is 10.
+        let line = "{\"a\":123}\n";
+        std::fs::write(dir.path().join("a.jsonl"), line.repeat(10)).unwrap();
+        std::fs::write(dir.path().join("b.jsonl"), line.repeat(2)).unwrap();
+        // 35 bytes: three whole lines of a, nothing of b.
+        let ranges = plan(dir.path(), &BTreeMap::new(), 35);
+        assert_eq!(ranges.len(), 1);
+        assert_eq!((ranges[0].start, ranges[0].end), (0, 30));
+        // Read on from there: the rest of a (70 bytes) fits in 100, then 20 of b.
+        let mut progress = BTreeMap::new();
+        progress.insert(
+            "a.jsonl".to_owned(),
+            FileProgress {
+                bytes: 30,
+                lines: 3,
+            },
+        );
+        let ranges = plan(dir.path(), &progress, 100);
+        assert_eq!(ranges.len(), 2);
+        assert_eq!(
+            (ranges[0].start, ranges[0].end, ranges[0].first_line),
+            (30, 100, 4)
+        );
+        assert_eq!((ranges[1].start, ranges[1].end), (0, 20));
+        // Exactly at a boundary.
+        let ranges = plan(dir.path(), &BTreeMap::new(), 20);
+        assert_eq!((ranges[0].start, ranges[0].end), (0, 20));
+    }
+
+    #[test]
+    fn a_line_longer_than_the_budget_is_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let long = format!("{{\"a\":\"{}\"}}\n", "x".repeat(200_000));
+        std::fs::write(dir.path().join("a.jsonl"), format!("{long}{{\"a\":1}}\n")).unwrap();
+        let ranges = plan(dir.path(), &BTreeMap::new(), 1000);
+        assert_eq!((ranges[0].start, ranges[0].end), (0, long.len() as u64));
+        // Without a final newline, the rest of the file.
+        std::fs::write(dir.path().join("a.jsonl"), "x".repeat(300_000)).unwrap();
+        let ranges = plan(dir.path(), &BTreeMap::new(), 1000);
+        assert_eq!(ranges[0].end, 300_000);
+    }
+}
+
+/// An output other than a file (Kafka, in `statebox-kafka`). Exactly-once delivery needs a
+/// sink that can deliver a batch all or nothing and tell, after a crash, whether it already
+/// has a batch: the engine then re-runs that batch (the same plan, times and randomness, so
+/// the same rows) with its output suppressed, and never delivers a committed batch again.
+pub trait BatchSink: Send {
+    /// Prepares the sink when the query opens. `query_id` is the checkpoint's query id;
+    /// `last_committed` the last batch the checkpoint committed; `pending` a batch that was
+    /// planned but not committed (it runs next). Refuses a sink that holds batches the
+    /// checkpoint cannot account for (a checkpoint older than its output).
+    fn open(
+        &mut self,
+        query_id: &str,
+        last_committed: Option<u64>,
+        pending: Option<u64>,
+    ) -> Result<(), EngineError>;
+
+    /// Whether batch `batch_id`'s output already reached the sink (delivered by a run that
+    /// died before the checkpoint committed the batch).
+    fn has_batch(&mut self, batch_id: u64) -> Result<bool, EngineError>;
+
+    /// An id for the next delivery of batch `batch_id` that the delivery carries with it
+    /// (for Kafka, in each record's headers), or `None`. The engine logs it durably before
+    /// delivering, and records the id of the delivery that reached the sink in the batch's
+    /// commit record.
+    fn delivery_id(&mut self, batch_id: u64) -> Option<String>;
+
+    /// Delivers a batch's rows (JSON objects), all or nothing.
+    fn deliver(&mut self, batch_id: u64, rows: &[String]) -> Result<(), EngineError>;
+
+    /// Whether a failed batch's output may have reached the sink anyway (a delivery whose
+    /// outcome is unknown). The engine then keeps the batch's plan, so the batch is never
+    /// re-planned with different input, and reopens the sink before the next batch.
+    fn may_have_delivered(&self, batch_id: u64) -> bool;
+}
