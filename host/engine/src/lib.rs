@@ -100,6 +100,10 @@ pub struct QueryOptions {
     pub time_mode: Option<TimeMode>,
     /// Files read per batch.
     pub max_files_per_batch: usize,
+    /// Input bytes read per batch at most (default: unbounded). A file with more unread
+    /// bytes is cut at a line boundary and read on by the next batches; a single line longer
+    /// than this is read whole.
+    pub max_bytes_per_batch: u64,
     /// Worker threads (default: the machine's cores).
     pub workers: Option<usize>,
     /// Event time: the input column and the watermark delay (event-time mode only).
@@ -137,6 +141,7 @@ impl QueryOptions {
             output_mode: None,
             time_mode: None,
             max_files_per_batch: 1,
+            max_bytes_per_batch: u64::MAX,
             workers: None,
             event_time: None,
             output_event_time_column: None,
@@ -468,8 +473,11 @@ impl Query {
         let (ranges, source_plan) = match &mut self.records {
             Some(source) => (Vec::new(), source.plan()?),
             None => (
-                self.source
-                    .next_ranges(&self.progress, self.opts.max_files_per_batch)?,
+                self.source.next_ranges_bounded(
+                    &self.progress,
+                    self.opts.max_files_per_batch,
+                    self.opts.max_bytes_per_batch,
+                )?,
                 None,
             ),
         };

@@ -89,9 +89,24 @@ impl FileSource {
         progress: &BTreeMap<String, crate::config::FileProgress>,
         max_files: usize,
     ) -> Result<Vec<FileRange>, EngineError> {
+        self.next_ranges_bounded(progress, max_files, u64::MAX)
+    }
+
+    /// Like [`next_ranges`](Self::next_ranges), reading at most `max_bytes` in all: the
+    /// range that reaches the budget ends at the last line break within it (or, when its
+    /// first line alone is longer, at the end of that line), and no later file is planned.
+    /// So a batch's memory is bounded by the budget plus one line, however large the
+    /// backlog.
+    pub fn next_ranges_bounded(
+        &self,
+        progress: &BTreeMap<String, crate::config::FileProgress>,
+        max_files: usize,
+        max_bytes: u64,
+    ) -> Result<Vec<FileRange>, EngineError> {
         let mut ranges = Vec::new();
+        let mut budget = max_bytes.max(1);
         for name in self.files()? {
-            if ranges.len() >= max_files {
+            if ranges.len() >= max_files || budget == 0 {
                 break;
             }
             let path = self.path_of(&name);
@@ -103,11 +118,19 @@ impl FileSource {
                 continue;
             }
             // Everything present is read, including a last line without a trailing
-            // newline, as Spark's file source does for files that are complete when listed.
+            // newline, as Spark's file source does for files that are complete when listed;
+            // unless that is over the budget.
+            let mut end = len;
+            if len - consumed > budget {
+                end = line_end_within(&path, consumed, consumed + budget, len)?;
+                budget = 0;
+            } else {
+                budget -= len - consumed;
+            }
             ranges.push(FileRange {
                 file: name,
                 start: consumed,
-                end: len,
+                end,
                 first_line: lines + 1,
             });
         }
@@ -140,6 +163,41 @@ impl FileSource {
             message: "input is not valid UTF-8".into(),
         })
     }
+}
+
+/// Where a range of `path` from `start` should end to read at most up to `limit`: just past
+/// the last line break in `start..limit`, or, if there is none (the first line is longer
+/// than the budget), just past the first line break after it (or at `len`). Reads
+/// backwards, then forwards, in small chunks: never more than the line in memory.
+fn line_end_within(path: &Path, start: u64, limit: u64, len: u64) -> Result<u64, EngineError> {
+    use std::io::{Read, Seek, SeekFrom};
+    const CHUNK: u64 = 64 << 10;
+    let io = |e: std::io::Error| EngineError::Io(format!("cannot read {}: {e}", path.display()));
+    let mut f = std::fs::File::open(path).map_err(io)?;
+    let mut buf = vec![0u8; CHUNK as usize];
+    let mut to = limit;
+    while to > start {
+        let from = to.saturating_sub(CHUNK).max(start);
+        let chunk = &mut buf[..(to - from) as usize];
+        f.seek(SeekFrom::Start(from)).map_err(io)?;
+        f.read_exact(chunk).map_err(io)?;
+        if let Some(i) = chunk.iter().rposition(|&b| b == b'\n') {
+            return Ok(from + i as u64 + 1);
+        }
+        to = from;
+    }
+    let mut from = limit;
+    while from < len {
+        let to = (from + CHUNK).min(len);
+        let chunk = &mut buf[..(to - from) as usize];
+        f.seek(SeekFrom::Start(from)).map_err(io)?;
+        f.read_exact(chunk).map_err(io)?;
+        if let Some(i) = chunk.iter().position(|&b| b == b'\n') {
+            return Ok(from + i as u64 + 1);
+        }
+        from = to;
+    }
+    Ok(len)
 }
 
 /// Number of line breaks in `bytes`.
