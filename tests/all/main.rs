@@ -18,6 +18,7 @@ mod restart;
 mod sandbox;
 mod scenarios;
 mod serve;
+mod serve_limits;
 mod sql;
 mod state_ops;
 mod state_reader;

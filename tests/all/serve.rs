@@ -15,21 +15,21 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use statebox_tests::{Scratch, component_cache, guests, interrupt, statebox_bin, wait_for};
 
-const ADMIN: &str = "test-admin-token-0123456789abcdef";
+pub(crate) const ADMIN: &str = "test-admin-token-0123456789abcdef";
 const V1: &str = env!("STATEBOX_GUEST_USER_PROFILE_V1");
 const V2: &str = env!("STATEBOX_GUEST_USER_PROFILE_V2");
 const V3: &str = env!("STATEBOX_GUEST_USER_PROFILE_V3");
 
 /// A running `statebox serve`.
-struct Server {
-    child: Option<Child>,
-    base: String,
-    log: PathBuf,
+pub(crate) struct Server {
+    pub(crate) child: Option<Child>,
+    pub(crate) base: String,
+    pub(crate) log: PathBuf,
 }
 
 impl Server {
     /// Starts the server on `data` with extra arguments and waits until it listens.
-    fn start(data: &Path, extra: &[&str]) -> Server {
+    pub(crate) fn start(data: &Path, extra: &[&str]) -> Server {
         std::fs::create_dir_all(data).unwrap();
         let log = data.with_extension("log");
         let stderr = std::fs::OpenOptions::new()
@@ -68,19 +68,19 @@ impl Server {
         }
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
 
     /// `kill -9`.
-    fn kill9(mut self) {
+    pub(crate) fn kill9(mut self) {
         let mut child = self.child.take().unwrap();
         child.kill().unwrap();
         child.wait().unwrap();
     }
 
     /// SIGINT, which must stop the server cleanly.
-    fn shut_down(mut self) -> String {
+    pub(crate) fn shut_down(mut self) -> String {
         interrupt(self.child.take().unwrap());
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -96,18 +96,18 @@ impl Drop for Server {
 }
 
 /// A response: status and body.
-struct Reply {
-    status: u16,
-    body: String,
+pub(crate) struct Reply {
+    pub(crate) status: u16,
+    pub(crate) body: String,
 }
 
 impl Reply {
-    fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
     }
 
     #[track_caller]
-    fn ok(self) -> Value {
+    pub(crate) fn ok(self) -> Value {
         assert!(
             self.status < 300,
             "expected success, got {}: {}",
@@ -119,7 +119,7 @@ impl Reply {
 
     /// Asserts the status and that the error message mentions every fragment.
     #[track_caller]
-    fn error(self, status: u16, fragments: &[&str]) -> Value {
+    pub(crate) fn error(self, status: u16, fragments: &[&str]) -> Value {
         assert_eq!(self.status, status, "{}", self.body);
         let v = self.json();
         let message = v["error"]["message"]
@@ -136,7 +136,7 @@ impl Reply {
     }
 }
 
-fn try_request(
+pub(crate) fn try_request(
     method: &str,
     url: &str,
     token: Option<&str>,
@@ -164,22 +164,27 @@ fn try_request(
 }
 
 #[track_caller]
-fn request(method: &str, url: &str, token: Option<&str>, body: Option<(&str, &[u8])>) -> Reply {
+pub(crate) fn request(
+    method: &str,
+    url: &str,
+    token: Option<&str>,
+    body: Option<(&str, &[u8])>,
+) -> Reply {
     try_request(method, url, token, body).unwrap_or_else(|e| panic!("{method} {url}: {e}"))
 }
 
 /// A tenant's view of a server.
-struct Api<'a> {
-    server: &'a Server,
-    token: String,
+pub(crate) struct Api<'a> {
+    pub(crate) server: &'a Server,
+    pub(crate) token: String,
 }
 
 impl Api<'_> {
-    fn get(&self, path: &str) -> Reply {
+    pub(crate) fn get(&self, path: &str) -> Reply {
         request("GET", &self.server.url(path), Some(&self.token), None)
     }
 
-    fn post(&self, path: &str, body: &Value) -> Reply {
+    pub(crate) fn post(&self, path: &str, body: &Value) -> Reply {
         let bytes = body.to_string();
         request(
             "POST",
@@ -189,7 +194,7 @@ impl Api<'_> {
         )
     }
 
-    fn put(&self, path: &str, body: &Value) -> Reply {
+    pub(crate) fn put(&self, path: &str, body: &Value) -> Reply {
         let bytes = body.to_string();
         request(
             "PUT",
@@ -199,11 +204,11 @@ impl Api<'_> {
         )
     }
 
-    fn delete(&self, path: &str) -> Reply {
+    pub(crate) fn delete(&self, path: &str) -> Reply {
         request("DELETE", &self.server.url(path), Some(&self.token), None)
     }
 
-    fn upload(&self, wasm: &[u8]) -> Reply {
+    pub(crate) fn upload(&self, wasm: &[u8]) -> Reply {
         request(
             "POST",
             &self.server.url("/v1/processors"),
@@ -213,22 +218,22 @@ impl Api<'_> {
     }
 
     /// Uploads a component file and returns its processor id.
-    fn processor(&self, path: &str) -> String {
+    pub(crate) fn processor(&self, path: &str) -> String {
         let p = self.upload(&std::fs::read(path).unwrap()).ok();
         p["id"].as_str().unwrap().to_owned()
     }
 
     /// Creates a pipeline and returns its id.
-    fn pipeline(&self, spec: Value) -> String {
+    pub(crate) fn pipeline(&self, spec: Value) -> String {
         let p = self.post("/v1/pipelines", &spec).ok();
         p["id"].as_str().unwrap().to_owned()
     }
 
-    fn rows(&self, pipeline: &str, rows: &[Value]) -> Reply {
+    pub(crate) fn rows(&self, pipeline: &str, rows: &[Value]) -> Reply {
         self.post(&format!("/v1/pipelines/{pipeline}/rows"), &json!(rows))
     }
 
-    fn jsonl(&self, pipeline: &str, text: &str) -> Reply {
+    pub(crate) fn jsonl(&self, pipeline: &str, text: &str) -> Reply {
         request(
             "POST",
             &self.server.url(&format!("/v1/pipelines/{pipeline}/rows")),
@@ -237,13 +242,13 @@ impl Api<'_> {
         )
     }
 
-    fn status(&self, pipeline: &str) -> Value {
+    pub(crate) fn status(&self, pipeline: &str) -> Value {
         self.get(&format!("/v1/pipelines/{pipeline}")).ok()
     }
 
     /// Waits until the pipeline has committed every acknowledged row.
     #[track_caller]
-    fn wait_processed(&self, pipeline: &str, rows: u64) -> Value {
+    pub(crate) fn wait_processed(&self, pipeline: &str, rows: u64) -> Value {
         wait_for(
             "the pipeline to process its rows",
             Duration::from_secs(60),
@@ -257,7 +262,7 @@ impl Api<'_> {
 
     /// Waits until the pipeline is marked failed; returns the reason.
     #[track_caller]
-    fn wait_failed(&self, pipeline: &str) -> String {
+    pub(crate) fn wait_failed(&self, pipeline: &str) -> String {
         wait_for(
             "the pipeline to be marked failed",
             Duration::from_secs(90),
@@ -270,7 +275,7 @@ impl Api<'_> {
     }
 
     /// Every committed output row, read page by page.
-    fn output(&self, pipeline: &str, page: usize) -> Vec<Value> {
+    pub(crate) fn output(&self, pipeline: &str, page: usize) -> Vec<Value> {
         let mut rows = Vec::new();
         let mut after = 0;
         loop {
@@ -290,7 +295,7 @@ impl Api<'_> {
 }
 
 /// The admin creates a tenant; returns its API.
-fn tenant<'a>(server: &'a Server, name: &str, quotas: Value) -> Api<'a> {
+pub(crate) fn tenant<'a>(server: &'a Server, name: &str, quotas: Value) -> Api<'a> {
     let body = json!({"name": name, "quotas": quotas}).to_string();
     let t = request(
         "POST",
@@ -305,7 +310,7 @@ fn tenant<'a>(server: &'a Server, name: &str, quotas: Value) -> Api<'a> {
     }
 }
 
-fn data_dir(scratch: &Scratch) -> PathBuf {
+pub(crate) fn data_dir(scratch: &Scratch) -> PathBuf {
     scratch.path().join("data")
 }
 

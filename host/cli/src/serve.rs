@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use statebox_server::{Quotas, ServerConfig};
+use statebox_server::{HttpLimits, Quotas, ServerConfig};
 
 #[derive(Args)]
 pub(crate) struct ServeArgs {
@@ -29,6 +29,30 @@ pub(crate) struct ServeArgs {
     /// Wait before the first retry of a failed batch, in milliseconds; doubles per attempt.
     #[arg(long, default_value_t = 500)]
     retry_backoff_ms: u64,
+    /// A request's head must arrive within this many milliseconds (slow clients are cut
+    /// off); idle keep-alive connections close after it too.
+    #[arg(long, default_value_t = 10_000)]
+    header_timeout_ms: u64,
+    /// A request body that sends nothing for this many milliseconds is answered 408.
+    #[arg(long, default_value_t = 15_000)]
+    body_timeout_ms: u64,
+    /// Open connections at once.
+    #[arg(long, default_value_t = 2048)]
+    max_connections: usize,
+    /// Requests handled at once over all callers (503 beyond).
+    #[arg(long, default_value_t = 512)]
+    max_in_flight: usize,
+    /// Requests handled at once per tenant (429 beyond).
+    #[arg(long, default_value_t = 64)]
+    max_in_flight_per_caller: usize,
+    /// How long stop, delete, upgrade and shutdown wait for a pipeline's current batch, in
+    /// milliseconds, before answering (the pipeline then stops on its own).
+    #[arg(long, default_value_t = 2000)]
+    stop_wait_ms: u64,
+    /// How long creating or starting a pipeline waits for the processor's `init`, in
+    /// milliseconds, before answering with the pipeline `starting`.
+    #[arg(long, default_value_t = 30_000)]
+    open_wait_ms: u64,
 }
 
 pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -64,5 +88,14 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         default_quotas,
         max_attempts: args.max_attempts,
         retry_backoff: Duration::from_millis(args.retry_backoff_ms),
+        http: HttpLimits {
+            header_timeout: Duration::from_millis(args.header_timeout_ms.max(1)),
+            body_idle_timeout: Duration::from_millis(args.body_timeout_ms.max(1)),
+            max_connections: args.max_connections.max(1),
+            max_in_flight: args.max_in_flight.max(1),
+            max_in_flight_per_caller: args.max_in_flight_per_caller.max(1),
+            stop_wait: Duration::from_millis(args.stop_wait_ms),
+            open_wait: Duration::from_millis(args.open_wait_ms),
+        },
     })
 }

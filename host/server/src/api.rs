@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -18,12 +18,14 @@ use statebox_runtime::catalog::{Catalog, InitOp, VarKind};
 
 use crate::auth::{Admin, Caller, TenantId, token_hash};
 use crate::error::ApiError;
-use crate::pipeline::{PipelineHandle, RunState};
+use crate::pipeline::{PipelineHandle, RunState, STILL_STOPPING};
 use crate::registry::{
     Desired, EventTimeSpec, PipelineRecord, ProcessorRecord, Registry, Tenant, TokenRecord,
     VariableInfo, now_ms, random_id, write_atomically,
 };
-use crate::{App, Quotas, add, ingest_check, metrics};
+use crate::{
+    App, MAX_NAME_BYTES, MAX_SCHEMA_BYTES, MAX_VARIABLES, Quotas, add, ingest_check, metrics,
+};
 
 type Result<T> = std::result::Result<T, ApiError>;
 type AppState = State<Arc<App>>;
@@ -33,12 +35,16 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/v1/openapi.json", get(openapi))
         .route("/metrics", get(prometheus))
         .route("/v1/tenants", post(create_tenant).get(list_tenants))
-        .route("/v1/tenants/{id}", get(get_tenant))
+        .route("/v1/tenants/{id}", get(get_tenant).delete(delete_tenant))
         .route(
             "/v1/tenants/{id}/quotas",
             axum::routing::patch(patch_quotas),
         )
         .route("/v1/tenants/{id}/tokens", post(issue_token))
+        .route(
+            "/v1/tenants/{id}/tokens/{token}",
+            axum::routing::delete(revoke_token),
+        )
         .route("/v1/tenant", get(whoami))
         .route(
             "/v1/processors",
@@ -70,6 +76,57 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .fallback(not_found)
         .layer(axum::middleware::from_fn(log_request))
         .with_state(app)
+}
+
+/// `router` with the in-flight limits ([`limit_in_flight`]) over every route.
+pub(crate) fn limited(router: Router, app: Arc<App>) -> Router {
+    router.layer(axum::middleware::from_fn_with_state(app, limit_in_flight))
+}
+
+/// Caps the requests handled at once, over all callers ([`crate::HttpLimits::max_in_flight`],
+/// then 503) and per caller ([`crate::HttpLimits::max_in_flight_per_caller`], then 429), so
+/// one tenant's slow or many requests cannot take every slot. A caller is its tenant (any of
+/// its tokens), the admin, or, for a missing or invalid token, one shared "anonymous".
+async fn limit_in_flight(State(app): AppState, request: Request, next: Next) -> Response {
+    let caller = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(|t| app.authenticate(t.trim()))
+        .map_or_else(
+            || "anonymous".to_owned(),
+            |c| match c {
+                Caller::Admin => "admin".to_owned(),
+                Caller::Tenant(t) => t,
+            },
+        );
+    let admitted = match app.admit(&caller) {
+        Ok(admitted) => admitted,
+        Err(limit) => {
+            if caller != "admin" && caller != "anonymous" {
+                app.count_rejected(&caller);
+            }
+            let (status, code) = if limit == "max_in_flight" {
+                (StatusCode::SERVICE_UNAVAILABLE, "overloaded")
+            } else {
+                (StatusCode::TOO_MANY_REQUESTS, "too_many_requests")
+            };
+            let mut e = ApiError::new(
+                status,
+                code,
+                format!(
+                    "too many requests in flight (server limit `{limit}`); retry when some \
+                     have finished"
+                ),
+            );
+            e.retry_after = Some(1);
+            return e.into_response();
+        }
+    };
+    let response = next.run(request).await;
+    drop(admitted);
+    response
 }
 
 /// Logs every request's method, path, status and latency (never its headers or body).
@@ -115,33 +172,85 @@ fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T> {
     Ok(value)
 }
 
-/// How far past its limit a request body is still read before the 413 is answered.
+/// How far past its limit a request body is still read (and dropped, chunk by chunk)
+/// before the 413 is answered.
 const DRAIN_LIMIT: u64 = 64 << 20;
 
-/// Reads a request body of at most `limit` bytes; larger ones answer 413.
-async fn read_body(headers: &HeaderMap, body: Body, limit: u64, what: &str) -> Result<Bytes> {
+/// Largest body of the small JSON requests (tenants, quotas, upgrades, grants).
+const SMALL_BODY: u64 = 1 << 20;
+
+/// Reads a request body of at most `limit` bytes; larger ones answer 413 without being
+/// buffered (a declared `Content-Length` over the limit is refused before any of the body
+/// is read; a body without one is read only up to the limit). A body that sends nothing for
+/// [`crate::HttpLimits::body_idle_timeout`] answers 408.
+async fn read_body(
+    app: &App,
+    headers: &HeaderMap,
+    body: Body,
+    limit: u64,
+    what: &str,
+) -> Result<Bytes> {
+    use http_body_util::BodyExt;
+    let idle = app.config.http.body_idle_timeout;
     let too_large = || {
         ApiError::too_large(format!(
-            "the {what} is larger than the tenant's limit of {limit} bytes"
+            "the {what} is larger than the limit of {limit} bytes"
         ))
+    };
+    let timed_out = || {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_timeout",
+            format!(
+                "the {what} stopped arriving: nothing for {} ms",
+                idle.as_millis()
+            ),
+        )
     };
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
+    let mut body = body;
     if let Some(n) = declared.filter(|&n| n > limit) {
-        // Read (and drop) a moderately oversized body before answering, so a client that
+        // Drain (never keep) a moderately oversized body before answering, so a client that
         // sends the whole body before reading the response sees the 413 instead of a reset
         // connection; a body far beyond the limit is refused at once.
         if n <= limit.saturating_add(DRAIN_LIMIT) {
-            let _ = axum::body::to_bytes(body, usize::try_from(n).unwrap_or(usize::MAX)).await;
+            let mut drained = 0u64;
+            while drained < n {
+                match tokio::time::timeout(idle, body.frame()).await {
+                    Ok(Some(Ok(frame))) => {
+                        drained += frame.data_ref().map_or(0, |d| d.len() as u64);
+                    }
+                    _ => break,
+                }
+            }
         }
         return Err(too_large());
     }
-    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-    axum::body::to_bytes(body, limit)
-        .await
-        .map_err(|_| too_large())
+    let capacity = declared.unwrap_or(0).min(limit).min(16 << 20);
+    let mut buf = Vec::with_capacity(capacity as usize);
+    loop {
+        match tokio::time::timeout(idle, body.frame()).await {
+            Err(_) => return Err(timed_out()),
+            Ok(None) => break,
+            Ok(Some(Err(e))) => {
+                return Err(ApiError::bad_request(format!(
+                    "cannot read the {what}: {e}"
+                )));
+            }
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    if (buf.len() + data.len()) as u64 > limit {
+                        return Err(too_large());
+                    }
+                    buf.extend_from_slice(&data);
+                }
+            }
+        }
+    }
+    Ok(Bytes::from(buf))
 }
 
 async fn openapi(_caller: Caller) -> impl IntoResponse {
@@ -256,11 +365,19 @@ fn save(registry: &Registry) -> Result<()> {
 async fn create_tenant(
     State(app): AppState,
     _admin: Admin,
-    body: Bytes,
+    headers: HeaderMap,
+    body: Body,
 ) -> Result<(StatusCode, axum::Json<Value>)> {
+    let body = read_body(&app, &headers, body, SMALL_BODY, "request body").await?;
     let req: CreateTenant = parse_json(&body)?;
     if req.name.trim().is_empty() {
         return Err(ApiError::bad_request("`name` must not be empty"));
+    }
+    if req.name.len() > MAX_NAME_BYTES {
+        return Err(ApiError::bad_request(format!(
+            "`name` is {} bytes long, more than the limit of {MAX_NAME_BYTES}",
+            req.name.len()
+        )));
     }
     let quotas = merge_quotas(&app.config.default_quotas, req.quotas)?;
     let (token, token_record) = new_token()?;
@@ -310,8 +427,10 @@ async fn patch_quotas(
     State(app): AppState,
     _admin: Admin,
     Path(id): Path<String>,
-    body: Bytes,
+    headers: HeaderMap,
+    body: Body,
 ) -> Result<axum::Json<Value>> {
+    let body = read_body(&app, &headers, body, SMALL_BODY, "request body").await?;
     let patch: Value = parse_json(&body)?;
     let mut registry = app.registry.lock().expect("registry lock");
     let tenant = registry
@@ -348,6 +467,107 @@ async fn issue_token(
     ))
 }
 
+/// Revokes one of a tenant's API tokens: requests with it answer 401 from now on.
+async fn revoke_token(
+    State(app): AppState,
+    _admin: Admin,
+    Path((id, token)): Path<(String, String)>,
+) -> Result<StatusCode> {
+    {
+        let mut registry = app.registry.lock().expect("registry lock");
+        let tenant = registry
+            .data
+            .tenants
+            .get_mut(&id)
+            .ok_or_else(|| ApiError::not_found("tenant", &id))?;
+        let before = tenant.tokens.len();
+        tenant.tokens.retain(|t| t.id != token);
+        if tenant.tokens.len() == before {
+            return Err(ApiError::not_found("token", &token));
+        }
+        save(&registry)?;
+    }
+    app.reload_tokens();
+    tracing::info!(tenant = %id, token = %token, "token revoked");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Deletes a tenant with everything it has: its tokens stop working at once, its
+/// pipelines stop (a runner inside a processor call stops when the call returns) and are
+/// removed with their input, output and state, and its processors are removed with their
+/// compiled artefacts.
+async fn delete_tenant(
+    State(app): AppState,
+    _admin: Admin,
+    Path(id): Path<String>,
+) -> Result<StatusCode> {
+    let (pipelines, hashes) = {
+        let mut registry = app.registry.lock().expect("registry lock");
+        if registry.data.tenants.remove(&id).is_none() {
+            return Err(ApiError::not_found("tenant", &id));
+        }
+        let pipelines: Vec<String> = registry
+            .data
+            .pipelines
+            .values()
+            .filter(|p| p.tenant == id)
+            .map(|p| p.id.clone())
+            .collect();
+        for p in &pipelines {
+            registry.data.pipelines.remove(p);
+            app.readers.forget(p);
+        }
+        let mut hashes: Vec<String> = registry
+            .data
+            .processors
+            .values()
+            .filter(|p| p.tenant == id)
+            .map(|p| p.hash.clone())
+            .collect();
+        registry.data.processors.retain(|_, p| p.tenant != id);
+        // A blob another tenant uploaded too stays.
+        hashes.retain(|h| !registry.data.processors.values().any(|p| &p.hash == h));
+        save(&registry)?;
+        (pipelines, hashes)
+    };
+    app.reload_tokens();
+    let handles: Vec<(String, Option<Arc<PipelineHandle>>)> = {
+        let mut map = app.pipelines.lock().expect("pipelines lock");
+        pipelines
+            .iter()
+            .map(|p| (p.clone(), map.remove(p)))
+            .collect()
+    };
+    app.usage.lock().expect("usage lock").remove(&id);
+    app.buckets.lock().expect("buckets lock").remove(&id);
+    let app2 = app.clone();
+    blocking(move || {
+        for h in handles.iter().filter_map(|(_, h)| h.as_ref()) {
+            h.request_stop();
+        }
+        for (pipeline, h) in handles {
+            let dir = app2.pipeline_dir(&pipeline);
+            match h {
+                Some(h) => {
+                    h.stop_then(app2.config.http.stop_wait, move || {
+                        let _ = std::fs::remove_dir_all(dir);
+                    });
+                }
+                None => {
+                    let _ = std::fs::remove_dir_all(dir);
+                }
+            }
+        }
+        for hash in hashes {
+            let _ = std::fs::remove_file(app2.blob_path(&hash));
+            app2.forget_compiled(&hash);
+        }
+    })
+    .await?;
+    tracing::info!(tenant = %id, "tenant deleted");
+    Ok(StatusCode::NO_CONTENT)
+}
+
 async fn whoami(State(app): AppState, TenantId(tenant): TenantId) -> Result<axum::Json<Value>> {
     let (name, quotas, processors, pipelines) = {
         let registry = app.registry.lock().expect("registry lock");
@@ -382,6 +602,7 @@ async fn whoami(State(app): AppState, TenantId(tenant): TenantId) -> Result<axum
             "processors": processors,
             "pipelines": pipelines,
             "state_bytes": app.state_bytes(&tenant),
+            "disk_bytes": app.disk_bytes(&tenant),
             "cpu_seconds": usage.cpu_ns.load(Ordering::Relaxed) as f64 / 1e9,
             "memory_high_water_bytes": usage.memory_high_water.load(Ordering::Relaxed),
         },
@@ -405,34 +626,49 @@ async fn upload_processor(
     body: Body,
 ) -> Result<(StatusCode, axum::Json<Value>)> {
     let quotas = app.quotas(&tenant);
-    let bytes = read_body(&headers, body, quotas.max_upload_bytes, "processor upload").await?;
+    let bytes = read_body(
+        &app,
+        &headers,
+        body,
+        quotas.max_upload_bytes,
+        "processor upload",
+    )
+    .await?;
     if bytes.is_empty() {
         return Err(ApiError::bad_request(
             "the request body is empty: send the processor's .wasm component as the body",
         ));
     }
-    let _creating = app.creating.lock().await;
+    if let Err(reason) = app.check_disk_quota(&tenant, bytes.len() as u64) {
+        app.count_rejected(&tenant);
+        return Err(ApiError::quota(reason));
+    }
     let hash = crate::registry::hex(blake3::hash(&bytes).as_bytes());
     let id = format!("pr_{}", &hash[..24]);
     let key = Registry::processor_key(&tenant, &id);
-    {
+    // A place is reserved under the quota; no lock is held while the component compiles
+    // and its `describe` and `init` run, which take as long as the guest makes them.
+    let _reserved = {
         let registry = app.registry.lock().expect("registry lock");
         if let Some(existing) = registry.data.processors.get(&key) {
             return Ok((StatusCode::OK, axum::Json(json!(existing))));
         }
-        let count = registry
+        let stored = registry
             .data
             .processors
             .values()
             .filter(|p| p.tenant == tenant)
             .count();
-        if count >= quotas.max_processors as usize {
-            app.count_rejected(&tenant);
-            return Err(ApiError::quota(format!(
-                "the tenant already has {count} processors, its quota (`max_processors`)"
-            )));
-        }
-    }
+        drop(registry);
+        app.reserve(&tenant, "processors", stored, quotas.max_processors)
+            .map_err(|count| {
+                app.count_rejected(&tenant);
+                ApiError::quota(format!(
+                    "the tenant already has {count} processors (some may still be uploading), \
+                     its quota (`max_processors`)"
+                ))
+            })?
+    };
     let app2 = app.clone();
     let tenant2 = tenant.clone();
     let record = blocking(move || -> Result<ProcessorRecord> {
@@ -444,9 +680,11 @@ async fn upload_processor(
             )
         };
         let processor = app2
-            .runtime
-            .load_with_limits(&bytes, quotas.limits())
-            .map_err(|e| invalid(e.to_string()))?;
+            .load(&bytes, quotas.limits())
+            .map_err(|e| invalid(crate::bounded_message(&e.to_string())))?;
+        // What the guest declared is bounded before anything else is done with it: it
+        // ends up in the registry, which every request reads and every change rewrites.
+        check_declared(processor.info()).map_err(invalid)?;
         // The state variables, from `init` in describe mode (processing time, so TTL'd
         // variables are accepted).
         let described = processor
@@ -454,9 +692,11 @@ async fn upload_processor(
                 statebox_runtime::TimeMode::ProcessingTime,
                 &Catalog::default(),
             )
-            .map_err(|e| invalid(format!("its `init` failed: {e}")))?;
+            .map_err(|e| invalid(crate::bounded_message(&format!("its `init` failed: {e}"))))?;
         if let Some(e) = &described.init_error {
-            return Err(invalid(format!("its `init` failed: {e}")));
+            return Err(invalid(crate::bounded_message(&format!(
+                "its `init` failed: {e}"
+            ))));
         }
         let state_variables = described
             .ops
@@ -471,7 +711,8 @@ async fn upload_processor(
                 }),
                 _ => None,
             })
-            .collect();
+            .collect::<Vec<VariableInfo>>();
+        check_variables(&state_variables).map_err(invalid)?;
         let path = app2.blob_path(&hash);
         if !path.exists() {
             write_atomically(&path, &bytes)
@@ -489,6 +730,7 @@ async fn upload_processor(
             input_schema: info.input_schema.as_ref().map(|s| s.to_ddl()),
             output_event_time_column: info.output_event_time_column.clone(),
             state_variables,
+            compiled_bytes: app2.compiled_bytes(&hash),
         })
     })
     .await??;
@@ -497,6 +739,62 @@ async fn upload_processor(
     save(&registry)?;
     tracing::info!(tenant = %tenant, processor = %record.id, "processor uploaded");
     Ok((StatusCode::CREATED, axum::Json(json!(record))))
+}
+
+/// Refuses a processor whose declared name, schemas or event-time column are over their
+/// limits ([`MAX_NAME_BYTES`], [`MAX_SCHEMA_BYTES`]), naming which.
+fn check_declared(info: &statebox_runtime::ProcessorInfo) -> std::result::Result<(), String> {
+    let over = |what: &str, len: usize, max: usize| {
+        format!("its {what} is {len} bytes long, more than the limit of {max} bytes")
+    };
+    if info.name.len() > MAX_NAME_BYTES {
+        return Err(over("name", info.name.len(), MAX_NAME_BYTES));
+    }
+    if let Some(c) = &info.output_event_time_column
+        && c.len() > MAX_NAME_BYTES
+    {
+        return Err(over("output event-time column", c.len(), MAX_NAME_BYTES));
+    }
+    let output = info.output_schema.to_ddl();
+    if output.len() > MAX_SCHEMA_BYTES {
+        return Err(over("output schema", output.len(), MAX_SCHEMA_BYTES));
+    }
+    if let Some(input) = &info.input_schema {
+        let input = input.to_ddl();
+        if input.len() > MAX_SCHEMA_BYTES {
+            return Err(over("input schema", input.len(), MAX_SCHEMA_BYTES));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses state variables over their limits ([`MAX_VARIABLES`], [`MAX_NAME_BYTES`],
+/// [`MAX_SCHEMA_BYTES`]), naming which.
+fn check_variables(vars: &[VariableInfo]) -> std::result::Result<(), String> {
+    if vars.len() > MAX_VARIABLES {
+        return Err(format!(
+            "it declares {} state variables, more than the limit of {MAX_VARIABLES}",
+            vars.len()
+        ));
+    }
+    for v in vars {
+        if v.name.len() > MAX_NAME_BYTES {
+            return Err(format!(
+                "a state variable's name is {} bytes long, more than the limit of \
+                 {MAX_NAME_BYTES} bytes",
+                v.name.len()
+            ));
+        }
+        let schemas = v.value_schema.len() + v.key_schema.as_ref().map_or(0, String::len);
+        if schemas > MAX_SCHEMA_BYTES {
+            return Err(format!(
+                "state variable `{}` has schemas of {schemas} bytes, more than the limit of \
+                 {MAX_SCHEMA_BYTES} bytes",
+                v.name
+            ));
+        }
+    }
+    Ok(())
 }
 
 async fn list_processors(State(app): AppState, TenantId(tenant): TenantId) -> axum::Json<Value> {
@@ -556,7 +854,9 @@ async fn delete_processor(
         .values()
         .any(|p| p.hash == record.hash)
     {
+        // Reclaimed with the blob: the compiled artefact in the server's own cache.
         let _ = std::fs::remove_file(app.blob_path(&record.hash));
+        app.forget_compiled(&record.hash);
     }
     Ok(StatusCode::NO_CONTENT)
 }
@@ -636,6 +936,7 @@ async fn create_pipeline(
 ) -> Result<(StatusCode, axum::Json<Value>)> {
     let quotas = app.quotas(&tenant);
     let bytes = read_body(
+        &app,
         &headers,
         body,
         quotas.max_ingest_request_bytes,
@@ -668,28 +969,38 @@ async fn create_pipeline(
              `event-time` and not allowed otherwise",
         ));
     }
-    let _creating = app.creating.lock().await;
-    let processor = {
+    if req.name.as_ref().is_some_and(|n| n.len() > MAX_NAME_BYTES) {
+        return Err(ApiError::bad_request(format!(
+            "`name` is longer than the limit of {MAX_NAME_BYTES} bytes"
+        )));
+    }
+    // A place is reserved under the quota; no lock is held while the processor loads and
+    // its `init` runs.
+    let (processor, _reserved) = {
         let registry = app.registry.lock().expect("registry lock");
-        let count = registry
+        let stored = registry
             .data
             .pipelines
             .values()
             .filter(|p| p.tenant == tenant)
             .count();
-        if count >= quotas.max_pipelines as usize {
-            drop(registry);
-            app.count_rejected(&tenant);
-            return Err(ApiError::quota(format!(
-                "the tenant already has {count} pipelines, its quota (`max_pipelines`)"
-            )));
-        }
-        registry
+        let processor = registry
             .data
             .processors
             .get(&Registry::processor_key(&tenant, &req.processor))
             .cloned()
-            .ok_or_else(|| ApiError::not_found("processor", &req.processor))?
+            .ok_or_else(|| ApiError::not_found("processor", &req.processor))?;
+        drop(registry);
+        let reserved = app
+            .reserve(&tenant, "pipelines", stored, quotas.max_pipelines)
+            .map_err(|count| {
+                app.count_rejected(&tenant);
+                ApiError::quota(format!(
+                    "the tenant already has {count} pipelines (some may still be starting), \
+                     its quota (`max_pipelines`)"
+                ))
+            })?;
+        (processor, reserved)
     };
     let id = random_id("pl_", 8).map_err(|e| ApiError::internal(e.to_string()))?;
     let record = PipelineRecord {
@@ -831,13 +1142,19 @@ async fn delete_pipeline(
         registry.data.pipelines.remove(&id);
         save(&registry)?;
     }
+    app.readers.forget(&id);
     let dir = app.pipeline_dir(&id);
-    blocking(move || {
-        if let Some(h) = handle {
-            h.stop();
-            drop(h);
+    let wait = app.config.http.stop_wait;
+    blocking(move || match handle {
+        // A runner still in a guest call removes the directory once it has stopped.
+        Some(h) => {
+            h.stop_then(wait, move || {
+                let _ = std::fs::remove_dir_all(dir);
+            });
         }
-        let _ = std::fs::remove_dir_all(dir);
+        None => {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     })
     .await?;
     Ok(StatusCode::NO_CONTENT)
@@ -887,9 +1204,30 @@ async fn ingest(
     body: Body,
 ) -> Result<axum::Json<Value>> {
     let handle = handle(&app, &tenant, &id)?;
+    if !handle.checks_ready.load(Ordering::Acquire) {
+        // Rows are checked against the processor's input schema before they are
+        // acknowledged; until the resuming pipeline has loaded it, none are taken.
+        let mut e = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "resuming",
+            "the pipeline is resuming after a restart (loading its processor); retry shortly",
+        );
+        e.retry_after = Some(1);
+        return Err(e);
+    }
     let quotas = app.quotas(&tenant);
-    let body = read_body(&headers, body, quotas.max_ingest_request_bytes, "request").await?;
-    if let Err(reason) = app.check_state_quota(&tenant) {
+    let body = read_body(
+        &app,
+        &headers,
+        body,
+        quotas.max_ingest_request_bytes,
+        "request",
+    )
+    .await?;
+    if let Err(reason) = app
+        .check_state_quota(&tenant)
+        .and_then(|()| app.check_disk_quota(&tenant, body.len() as u64))
+    {
         app.count_rejected(&tenant);
         return Err(ApiError::quota(reason));
     }
@@ -902,25 +1240,31 @@ async fn ingest(
     if rows == 0 {
         return Ok(axum::Json(json!({"accepted": 0})));
     }
-    if let Err(wait) = app.take_ingest_tokens(&tenant, rows, quotas.ingest_rows_per_s) {
+    if let Err((quota, wait)) = app.take_ingest_tokens(&tenant, rows, lines.len() as u64, &quotas) {
         app.count_rejected(&tenant);
+        let limit = if quota == "ingest_rows_per_s" {
+            format!("{} rows/s", quotas.ingest_rows_per_s)
+        } else {
+            format!("{} bytes/s", quotas.ingest_bytes_per_s)
+        };
         let mut e = ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             "rate_limited",
             format!(
-                "the tenant's ingest rate limit of {} rows/s (`ingest_rows_per_s`) is \
-                 exhausted; retry in {wait} s",
-                quotas.ingest_rows_per_s
+                "the tenant's ingest rate limit of {limit} (`{quota}`) is exhausted; retry in \
+                 {wait} s"
             ),
         );
         e.retry_after = Some(wait);
         return Err(e);
     }
+    let bytes_stored = lines.len() as u64;
     handle
         .log
         .append(lines)
         .await
         .map_err(|e| ApiError::internal(format!("the rows were not stored: {e}")))?;
+    add(&handle.metrics.disk_bytes, bytes_stored);
     add(&handle.metrics.rows_ingested, rows);
     add(&handle.metrics.ingest_requests, 1);
     handle.notify();
@@ -960,7 +1304,7 @@ async fn read_output(
     let path = PipelineHandle::output_path(&handle.dir);
     let after = q.after;
     let page = blocking(move || -> Result<(String, u64, usize)> {
-        use std::io::{Read, Seek, SeekFrom};
+        use std::io::{BufRead, Read, Seek, SeekFrom};
         let io = |e: std::io::Error| ApiError::internal(format!("cannot read the output: {e}"));
         if after == committed {
             return Ok(("[]".to_owned(), after, 0));
@@ -978,36 +1322,32 @@ async fn read_output(
             }
         }
         f.seek(SeekFrom::Start(after)).map_err(io)?;
-        let want = (committed - after).min(MAX_PAGE_BYTES);
-        let mut buf = Vec::with_capacity(want as usize);
-        f.take(want).read_to_end(&mut buf).map_err(io)?;
-        // A row longer than a page is read whole.
-        if !buf.ends_with(b"\n") && buf.len() as u64 == want && after + want < committed {
-            let mut rest = Vec::new();
-            let mut f2 = std::fs::File::open(&path).map_err(io)?;
-            f2.seek(SeekFrom::Start(after + want)).map_err(io)?;
-            f2.take(committed - after - want)
-                .read_to_end(&mut rest)
-                .map_err(io)?;
-            buf.extend_from_slice(&rest);
-        }
+        // Row by row, up to `limit` rows or MAX_PAGE_BYTES (at least one row, however
+        // long): a page never reads more than itself and one row.
+        let mut reader = std::io::BufReader::with_capacity(64 << 10, f.take(committed - after));
         let mut body = String::from("[");
         let mut next = after;
         let mut rows = 0;
-        let mut start = 0;
-        while rows < limit {
-            let Some(end) = buf[start..].iter().position(|&b| b == b'\n') else {
+        let mut taken = 0u64;
+        let mut line = Vec::new();
+        while rows < limit && taken < MAX_PAGE_BYTES {
+            line.clear();
+            let n = reader.read_until(b'\n', &mut line).map_err(io)? as u64;
+            if n == 0 || line.last() != Some(&b'\n') {
                 break;
-            };
-            let line = std::str::from_utf8(&buf[start..start + end])
+            }
+            if rows > 0 && taken + n > MAX_PAGE_BYTES {
+                break;
+            }
+            let text = std::str::from_utf8(&line[..line.len() - 1])
                 .map_err(|e| ApiError::internal(format!("the output is not UTF-8: {e}")))?;
             if rows > 0 {
                 body.push(',');
             }
-            body.push_str(line);
+            body.push_str(text);
             rows += 1;
-            start += end + 1;
-            next = after + start as u64;
+            taken += n;
+            next += n;
         }
         body.push(']');
         Ok((body, next, rows))
@@ -1028,8 +1368,28 @@ struct ProgressQuery {
     last: Option<usize>,
 }
 
-fn reader(dir: &std::path::Path) -> Result<StateReader> {
-    StateReader::open(&PipelineHandle::checkpoint_dir(dir)).map_err(engine_error)
+/// A shared reader of the pipeline's checkpoint (see [`crate::readers`]), with a turn to
+/// read: the turn ends when the returned permit drops.
+async fn reader(
+    app: &Arc<App>,
+    h: &Arc<PipelineHandle>,
+) -> Result<(Arc<StateReader>, tokio::sync::OwnedSemaphorePermit)> {
+    let turn = app
+        .readers
+        .reading
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| ApiError::internal("the readers are closed"))?;
+    let batch = h.status().last_progress.map(|c| c.batch_id);
+    let (app2, h2) = (app.clone(), h.clone());
+    let reader = blocking(move || {
+        app2.readers
+            .get(&h2.id, &PipelineHandle::checkpoint_dir(&h2.dir), batch)
+            .map_err(engine_error)
+    })
+    .await??;
+    Ok((reader, turn))
 }
 
 fn engine_error(e: EngineError) -> ApiError {
@@ -1048,8 +1408,12 @@ async fn progress(
     let Query(q) = query?;
     let handle = handle(&app, &tenant, &id)?;
     let last = q.last.unwrap_or(10).min(1000);
-    let records =
-        blocking(move || reader(&handle.dir)?.progress(last).map_err(engine_error)).await??;
+    let (reader, turn) = reader(&app, &handle).await?;
+    let records = blocking(move || {
+        let _turn = turn;
+        reader.progress(last).map_err(engine_error)
+    })
+    .await??;
     Ok(axum::Json(json!({ "progress": records })))
 }
 
@@ -1060,7 +1424,9 @@ async fn stop_pipeline(
 ) -> Result<axum::Json<Value>> {
     let h = handle(&app, &tenant, &id)?;
     let h2 = h.clone();
-    blocking(move || h2.stop()).await?;
+    let wait = app.config.http.stop_wait;
+    // Past the wait the pipeline shows `stopping`; its runner stops after its call ends.
+    blocking(move || h2.stop(wait)).await?;
     let record = {
         let mut registry = app.registry.lock().expect("registry lock");
         let record = registry
@@ -1084,6 +1450,9 @@ fn start_runner(
     record: &PipelineRecord,
     h: &Arc<PipelineHandle>,
 ) -> std::result::Result<(), String> {
+    if h.is_stopping() {
+        return Err(STILL_STOPPING.into());
+    }
     let processor = app.processor_record(&record.tenant, &record.processor)?;
     let loaded = app.load_for_pipeline(record, &processor)?;
     *h.ingest.lock().expect("ingest lock") = Arc::new(ingest_check(record, &loaded));
@@ -1123,8 +1492,10 @@ async fn upgrade_pipeline(
     State(app): AppState,
     TenantId(tenant): TenantId,
     Path(id): Path<String>,
-    body: Bytes,
+    headers: HeaderMap,
+    body: Body,
 ) -> Result<axum::Json<Value>> {
+    let body = read_body(&app, &headers, body, SMALL_BODY, "request body").await?;
     let req: Upgrade = parse_json(&body)?;
     let h = handle(&app, &tenant, &id)?;
     let record = pipeline_record(&app, &tenant, &id)?;
@@ -1164,7 +1535,17 @@ async fn upgrade_pipeline(
             .with_details(json!({ "report": report })));
         }
         let was_running = h2.is_running();
-        h2.stop();
+        if !h2.stop(app2.config.http.stop_wait) {
+            // The runner is inside a processor call: the upgrade completes once it returns.
+            let (app3, h3) = (app2.clone(), h2.clone());
+            h2.stop_then(Duration::ZERO, move || {
+                if let Err(e) = start_runner(&app3, &upgraded2, &h3) {
+                    tracing::warn!(pipeline = %h3.id, "the upgraded pipeline cannot start");
+                    app3.pipeline_failed(&h3.id, &format!("the upgrade was refused: {e}"));
+                }
+            });
+            return Ok(report);
+        }
         if was_running && let Err(e) = start_runner(&app2, &upgraded2, &h2) {
             // Back to the processor that ran before.
             let _ = start_runner(&app2, &record, &h2);
@@ -1208,8 +1589,10 @@ async fn grant_capabilities(
     State(app): AppState,
     _admin: Admin,
     Path(id): Path<String>,
-    body: Bytes,
+    headers: HeaderMap,
+    body: Body,
 ) -> Result<axum::Json<Value>> {
+    let body = read_body(&app, &headers, body, SMALL_BODY, "request body").await?;
     let req: Capabilities = parse_json(&body)?;
     let mut hosts = Vec::with_capacity(req.http_hosts.len());
     for (i, host) in req.http_hosts.iter().enumerate() {
@@ -1244,7 +1627,16 @@ async fn grant_capabilities(
         if !h2.is_running() {
             return Ok(false);
         }
-        h2.stop();
+        if !h2.stop(app2.config.http.stop_wait) {
+            // Restarts with the grant once the current processor call returns.
+            let (app3, h3) = (app2.clone(), h2.clone());
+            h2.stop_then(Duration::ZERO, move || {
+                if let Err(e) = start_runner(&app3, &granted2, &h3) {
+                    app3.pipeline_failed(&h3.id, &format!("cannot restart with the grant: {e}"));
+                }
+            });
+            return Ok(true);
+        }
         start_runner(&app2, &granted2, &h2).map(|()| true)
     })
     .await?
@@ -1315,8 +1707,9 @@ async fn read_state(
     let Query(q) = query?;
     let h = handle(&app, &tenant, &id)?;
     let limit = q.limit.unwrap_or(10_000).clamp(1, MAX_STATE_ROWS);
+    let (reader, turn) = reader(&app, &h).await?;
     let (rows, truncated) = blocking(move || {
-        let reader = reader(&h.dir)?;
+        let _turn = turn;
         match (q.var.as_deref(), q.timers) {
             (Some(_), true) => Err(ApiError::bad_request(
                 "pass either `var` or `timers=true`, not both",
@@ -1360,8 +1753,9 @@ async fn read_changes(
     let Query(q) = query?;
     let h = handle(&app, &tenant, &id)?;
     let limit = q.limit.unwrap_or(10_000).clamp(1, MAX_STATE_ROWS);
+    let (reader, turn) = reader(&app, &h).await?;
     let (rows, truncated) = blocking(move || {
-        let reader = reader(&h.dir)?;
+        let _turn = turn;
         collect_rows(limit, |f| reader.read_changes(&q.var, q.from, q.to, f))
     })
     .await??;
@@ -1374,6 +1768,11 @@ async fn read_metadata(
     Path(id): Path<String>,
 ) -> Result<axum::Json<Value>> {
     let h = handle(&app, &tenant, &id)?;
-    let metadata = blocking(move || reader(&h.dir)?.metadata().map_err(engine_error)).await??;
+    let (reader, turn) = reader(&app, &h).await?;
+    let metadata = blocking(move || {
+        let _turn = turn;
+        reader.metadata().map_err(engine_error)
+    })
+    .await??;
     Ok(axum::Json(metadata))
 }

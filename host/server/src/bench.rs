@@ -152,6 +152,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
         default_quotas: Quotas::default(),
         max_attempts: 3,
         retry_backoff: Duration::from_millis(200),
+        http: crate::HttpLimits::default(),
     };
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

@@ -18,6 +18,9 @@ pub(crate) struct PipelineMetrics {
     pub batches: AtomicU64,
     pub batch_failures: AtomicU64,
     pub state_bytes: AtomicU64,
+    /// Bytes of the pipeline's directory (input log, output, checkpoint) after its last
+    /// batch, plus what was ingested since.
+    pub disk_bytes: AtomicU64,
     /// Batch wall time: per-bucket counts, sum (µs).
     latency_buckets: [AtomicU64; BUCKETS.len()],
     latency_sum_us: AtomicU64,

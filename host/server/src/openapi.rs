@@ -40,14 +40,18 @@ pub(crate) fn document() -> Value {
         "info": {
             "title": "Statebox",
             "version": env!("CARGO_PKG_VERSION"),
-            "description": "Multi-tenant stateful stream processing with sandboxed WebAssembly processors. Every request needs `Authorization: Bearer TOKEN`."
+            "description": "Multi-tenant stateful stream processing with sandboxed WebAssembly processors. Every request needs `Authorization: Bearer TOKEN`. Any request may answer 429 (too many of the caller's requests in flight) or 503 (too many over all callers), with Retry-After; a request body that stops arriving answers 408."
         },
         "paths": {
             "/v1/tenants": {
                 "post": with_body(op("Create a tenant; returns its first API token (shown once)", admin, &[("201", "the tenant and its token")]), "application/json", json!({"$ref": "#/components/schemas/CreateTenant"})),
                 "get": op("List tenants", admin, &[("200", "the tenants")]),
             },
-            "/v1/tenants/{id}": {"get": with_params(op("Get a tenant", admin, &[("200", "the tenant")]), &[ID])},
+            "/v1/tenants/{id}": {
+                "get": with_params(op("Get a tenant", admin, &[("200", "the tenant")]), &[ID]),
+                "delete": with_params(op("Delete a tenant with everything it has: its tokens stop working at once, its pipelines stop (one inside a processor call stops when the call returns) and are removed with their input, output and state, and its processors with their compiled artefacts", admin, &[("204", "deleted"), ("404", "no such tenant")]), &[ID]),
+            },
+            "/v1/tenants/{id}/tokens/{token}": {"delete": with_params(op("Revoke one of a tenant's API tokens (by its id, `tok_...`): requests with it answer 401 from now on", admin, &[("204", "revoked"), ("404", "no such tenant or token")]), &[ID, ("token", "path", "string", true)])},
             "/v1/tenants/{id}/quotas": {"patch": with_params(with_body(op("Change some of a tenant's quotas", admin, &[("200", "the tenant")]), "application/json", json!({"$ref": "#/components/schemas/Quotas"})), &[ID])},
             "/v1/tenants/{id}/tokens": {"post": with_params(op("Issue another API token", admin, &[("201", "the token (shown once)")]), &[ID])},
             "/v1/tenant": {"get": op("The calling tenant: quotas and usage", tenant, &[("200", "the tenant")])},
@@ -67,7 +71,7 @@ pub(crate) fn document() -> Value {
                 "get": with_params(op("A pipeline's settings and status (with the last progress record)", tenant, &[("200", "the pipeline")]), &[ID]),
                 "delete": with_params(op("Stop and delete a pipeline with its state and output", tenant, &[("204", "deleted")]), &[ID]),
             },
-            "/v1/pipelines/{id}/rows": {"post": with_params(with_body(op("Ingest rows; acknowledged once durable in the pipeline's input log, then processed exactly once", tenant, &[("200", "{\"accepted\": N}"), ("400", "a bad row (none accepted)"), ("403", "state quota exceeded"), ("413", "request too large"), ("429", "ingest rate limit; see Retry-After")]), "application/json", json!({"oneOf": [{"type": "array", "items": {"type": "object"}}, {"type": "string", "description": "JSON Lines"}]})), &[ID])},
+            "/v1/pipelines/{id}/rows": {"post": with_params(with_body(op("Ingest rows; acknowledged once durable in the pipeline's input log, then processed exactly once", tenant, &[("200", "{\"accepted\": N}"), ("400", "a bad row (none accepted)"), ("403", "state quota exceeded"), ("408", "the body stopped arriving"), ("413", "request too large"), ("429", "ingest rate limit (rows or bytes); see Retry-After"), ("503", "the pipeline is resuming after a restart; see Retry-After")]), "application/json", json!({"oneOf": [{"type": "array", "items": {"type": "object"}}, {"type": "string", "description": "JSON Lines"}]})), &[ID])},
             "/v1/pipelines/{id}/output": {"get": with_params(op("Committed output rows from byte offset `after`; pass `next` to read on", tenant, &[("200", "{rows, count, next, committed, end}")]), &[ID, ("after", "query", "integer", false), ("limit", "query", "integer", false)])},
             "/v1/pipelines/{id}/progress": {"get": with_params(op("The last batches' progress records", tenant, &[("200", "{progress: [...]}")]), &[ID, ("last", "query", "integer", false)])},
             "/v1/pipelines/{id}/stop": {"post": with_params(op("Stop after the current batch", tenant, &[("200", "the pipeline")]), &[ID])},
@@ -98,7 +102,10 @@ pub(crate) fn document() -> Value {
                     "max_upload_bytes": {"type": "integer"}, "max_ingest_request_bytes": {"type": "integer"},
                     "max_state_bytes": {"type": "integer"}, "call_cpu_ms": {"type": "integer"},
                     "batch_cpu_ms": {"type": "integer"}, "memory_bytes": {"type": "integer"},
-                    "output_bytes_per_call": {"type": "integer"}, "ingest_rows_per_s": {"type": "integer"}
+                    "output_bytes_per_call": {"type": "integer"}, "ingest_rows_per_s": {"type": "integer"},
+                    "ingest_bytes_per_s": {"type": "integer", "description": "sustained ingest bytes per second (429 beyond)"},
+                    "max_batch_bytes": {"type": "integer", "description": "input bytes one batch reads at most, cut at a line boundary"},
+                    "max_workers": {"type": "integer", "description": "threads one pipeline's batch runs its partitions on"}
                 }},
                 "Capabilities": {"type": "object", "required": ["http_hosts"], "properties": {
                     "http_hosts": {"type": "array", "items": {"type": "string", "description": "`HOST` (any port) or `HOST:PORT`; an IPv6 address in brackets"}, "description": "Hosts the processor may send HTTP requests to; `[]` revokes every grant"}

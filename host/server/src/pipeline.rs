@@ -3,8 +3,16 @@
 //!
 //! A failed batch commits nothing (the engine's guarantee); the runner retries it with
 //! exponential backoff and marks the pipeline failed, with the reason, after the configured
-//! number of attempts. Quota violations (state bytes) fail the pipeline at once.
+//! number of attempts. Quota violations (state bytes) fail the pipeline at once, and so
+//! does a panic anywhere in the runner (a partition worker's included).
+//!
+//! Nothing waits on a runner without a bound: a runner may be inside a guest call that
+//! takes its whole deadline (or longer, if the guest found a way to block). Stopping asks
+//! the runner to stop after its current batch and waits a bounded time; past it the
+//! pipeline shows `stopping` and its runner ends on its own. Starting a pipeline whose old
+//! runner is still stopping is refused with a reason, not queued.
 
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -29,6 +37,8 @@ pub(crate) enum RunState {
     Running,
     /// The last batch failed; it is retried after a backoff.
     Retrying,
+    /// Asked to stop; its runner is still finishing the current batch.
+    Stopping,
     Stopped,
     Failed,
 }
@@ -110,14 +120,21 @@ pub(crate) struct RunnerSpec {
     pub time_mode: TimeMode,
     pub max_attempts: u32,
     pub backoff: Duration,
+    /// How long [`PipelineHandle::start`] waits for the query to open.
+    pub open_wait: Duration,
 }
 
 enum Command {
     /// New input was acknowledged.
     Input,
-    /// Stop after the current batch; reply when stopped.
-    Stop(mpsc::Sender<()>),
+    /// Stop after the current batch.
+    Stop,
 }
+
+/// Why a pipeline cannot start while its previous runner is still stopping.
+pub(crate) const STILL_STOPPING: &str = "the pipeline's previous runner is still finishing its \
+     current batch (a processor call that has not returned yet); it stops on its own when \
+     the call ends: retry then";
 
 /// A pipeline known to the server.
 pub(crate) struct PipelineHandle {
@@ -128,6 +145,9 @@ pub(crate) struct PipelineHandle {
     pub status: Mutex<Status>,
     pub metrics: PipelineMetrics,
     pub ingest: Mutex<Arc<IngestCheck>>,
+    /// Whether `ingest` holds the processor's checks (false while a pipeline resumes after
+    /// a restart and its processor is not loaded yet: ingest then waits).
+    pub checks_ready: std::sync::atomic::AtomicBool,
     commands: Mutex<Option<mpsc::Sender<Command>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -157,6 +177,7 @@ impl PipelineHandle {
             }),
             metrics: PipelineMetrics::default(),
             ingest: Mutex::new(Arc::new(ingest)),
+            checks_ready: std::sync::atomic::AtomicBool::new(true),
             commands: Mutex::new(None),
             thread: Mutex::new(None),
         })
@@ -182,6 +203,11 @@ impl PipelineHandle {
         self.status.lock().expect("status lock").clone()
     }
 
+    /// Whether the runner was asked to stop and has not stopped yet.
+    pub fn is_stopping(&self) -> bool {
+        self.is_running() && self.commands.lock().expect("commands lock").is_none()
+    }
+
     /// Whether the runner thread is alive.
     pub fn is_running(&self) -> bool {
         self.thread
@@ -192,58 +218,135 @@ impl PipelineHandle {
     }
 
     /// Starts the runner: opens the query (refusing settings or a processor the checkpoint
-    /// does not accept, with the engine's reason) and returns once it is open. Blocks.
+    /// does not accept, with the engine's reason) and returns once it is open, or after
+    /// the spec's `open_wait` with the pipeline still `starting` (the open runs the
+    /// processor's `init`; the runner then reports the outcome in the pipeline's status). Refused while a previous runner is
+    /// still stopping ([`STILL_STOPPING`]). Blocks.
     pub fn start(self: &Arc<Self>, spec: RunnerSpec, app: Weak<App>) -> Result<(), String> {
-        let mut thread = self.thread.lock().expect("thread lock");
-        if let Some(t) = thread.take() {
-            if !t.is_finished() {
-                *thread = Some(t);
-                return Ok(());
-            }
-            let _ = t.join();
-        }
-        self.status.lock().expect("status lock").state = RunState::Starting;
-        let (tx, rx) = mpsc::channel();
-        let (opened_tx, opened_rx) = mpsc::channel();
-        *self.commands.lock().expect("commands lock") = Some(tx);
-        let handle = self.clone();
-        let t = std::thread::Builder::new()
-            .name(format!("pipeline-{}", self.id))
-            .spawn(move || Runner::new(handle, spec, app, rx).run(opened_tx))
-            .map_err(|e| format!("cannot start the pipeline's thread: {e}"))?;
-        match opened_rx.recv() {
-            Ok(Ok(())) => {
-                *thread = Some(t);
-                Ok(())
-            }
-            Ok(Err(reason)) => {
+        let open_wait = spec.open_wait;
+        let opened_rx = {
+            let mut thread = self.thread.lock().expect("thread lock");
+            if let Some(t) = thread.take() {
+                if !t.is_finished() {
+                    *thread = Some(t);
+                    if self.commands.lock().expect("commands lock").is_none() {
+                        return Err(STILL_STOPPING.into());
+                    }
+                    return Ok(());
+                }
                 let _ = t.join();
+            }
+            self.status.lock().expect("status lock").state = RunState::Starting;
+            let (tx, rx) = mpsc::channel();
+            let (opened_tx, opened_rx) = mpsc::channel();
+            *self.commands.lock().expect("commands lock") = Some(tx);
+            let handle = self.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("pipeline-{}", self.id))
+                .spawn(move || Runner::new(handle, spec, app, rx).run(opened_tx))
+                .map_err(|e| format!("cannot start the pipeline's thread: {e}"))?;
+            *thread = Some(t);
+            opened_rx
+        };
+        match opened_rx.recv_timeout(open_wait) {
+            Ok(Ok(())) => Ok(()),
+            // Still opening (a slow `init`): the runner reports the outcome itself.
+            Err(RecvTimeoutError::Timeout) => Ok(()),
+            Ok(Err(reason)) => {
                 *self.commands.lock().expect("commands lock") = None;
-                let mut status = self.status.lock().expect("status lock");
-                status.state = RunState::Failed;
-                status.failure = Some(reason.clone());
+                let thread = self.thread.lock().expect("thread lock").take();
+                if let Some(t) = thread {
+                    let _ = t.join();
+                }
                 Err(reason)
             }
-            Err(_) => {
-                let _ = t.join();
-                Err("the pipeline's thread ended while opening the query".into())
+            Err(RecvTimeoutError::Disconnected) => {
+                *self.commands.lock().expect("commands lock") = None;
+                let reason = self.status().failure.unwrap_or_else(|| {
+                    "the pipeline's runner ended while opening the query".into()
+                });
+                Err(reason)
             }
         }
     }
 
-    /// Stops the runner after its current batch. Blocks until it has stopped.
-    pub fn stop(&self) {
+    /// Asks the runner to stop after its current batch; returns at once. The pipeline
+    /// shows `stopping` until the runner has stopped.
+    pub fn request_stop(&self) {
         let tx = self.commands.lock().expect("commands lock").take();
         if let Some(tx) = tx {
-            let (reply, stopped) = mpsc::channel();
-            if tx.send(Command::Stop(reply)).is_ok() {
-                let _ = stopped.recv();
+            let _ = tx.send(Command::Stop);
+        }
+        let alive = self
+            .thread
+            .lock()
+            .expect("thread lock")
+            .as_ref()
+            .is_some_and(|t| !t.is_finished());
+        let mut status = self.status.lock().expect("status lock");
+        if alive
+            && matches!(
+                status.state,
+                RunState::Running | RunState::Retrying | RunState::Starting
+            )
+        {
+            status.state = RunState::Stopping;
+        }
+    }
+
+    /// Waits up to `wait` for the runner to end; whether it has.
+    pub fn wait_stopped(&self, wait: Duration) -> bool {
+        let deadline = Instant::now().checked_add(wait);
+        loop {
+            {
+                let mut thread = self.thread.lock().expect("thread lock");
+                match thread.as_ref() {
+                    None => return true,
+                    Some(t) if t.is_finished() => {
+                        if let Some(t) = thread.take() {
+                            let _ = t.join();
+                        }
+                        return true;
+                    }
+                    Some(_) => {}
+                }
             }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
-        let thread = self.thread.lock().expect("thread lock").take();
-        if let Some(t) = thread {
-            let _ = t.join();
+    }
+
+    /// Stops the runner after its current batch, waiting up to `wait`; whether it stopped
+    /// (if not, it is `stopping` and stops on its own).
+    pub fn stop(&self, wait: Duration) -> bool {
+        self.request_stop();
+        self.wait_stopped(wait)
+    }
+
+    /// Stops the runner, waiting up to `wait`; then (or, if the runner is still stopping,
+    /// once it has stopped, on a thread of its own) runs `then`. Whether `then` ran already.
+    pub fn stop_then(
+        self: &Arc<Self>,
+        wait: Duration,
+        then: impl FnOnce() + Send + 'static,
+    ) -> bool {
+        if self.stop(wait) {
+            then();
+            return true;
         }
+        let handle = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("stopping-{}", self.id))
+            .spawn(move || {
+                handle.wait_stopped(Duration::MAX);
+                then();
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, pipeline = %self.id, "cannot wait for the runner to stop");
+        }
+        false
     }
 
     /// Tells the runner new input was acknowledged.
@@ -293,12 +396,30 @@ impl Runner {
         f(&mut self.handle.status.lock().expect("status lock"));
     }
 
+    /// Runs the pipeline until stopped; a panic anywhere in it (a partition worker's
+    /// included) marks the pipeline failed (see [`guarded`]).
     fn run(self, opened: mpsc::Sender<Result<(), String>>) {
+        let handle = self.handle.clone();
+        let app = self.app.clone();
+        guarded(&handle, &app, move || self.run_inner(opened));
+    }
+
+    fn run_inner(self, opened: mpsc::Sender<Result<(), String>>) {
         let opts = self.spec.opts.clone();
         let mut query = match Query::open(opts, self.spec.factory.clone()) {
             Ok(q) => q,
             Err(e) => {
-                let _ = opened.send(Err(format!("{e}")));
+                let reason = crate::bounded_message(&e.to_string());
+                self.set_status(|s| {
+                    s.state = RunState::Failed;
+                    s.failure = Some(reason.clone());
+                });
+                // Nobody waits any more (the open took long): record the failure here.
+                if opened.send(Err(reason.clone())).is_err()
+                    && let Some(app) = self.app.upgrade()
+                {
+                    app.pipeline_failed(&self.handle.id, &reason);
+                }
                 return;
             }
         };
@@ -333,23 +454,21 @@ impl Runner {
                 None if pending => now,
                 None => next_tick,
             };
-            let mut stop = None;
+            let mut stop = false;
             match self.rx.recv_timeout(due.saturating_duration_since(now)) {
                 Ok(Command::Input) => pending = true,
-                Ok(Command::Stop(reply)) => stop = Some(Some(reply)),
+                Ok(Command::Stop) | Err(RecvTimeoutError::Disconnected) => stop = true,
                 Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => stop = Some(None),
             }
             // Commands that queued up during a batch: a stop wins, inputs coalesce.
-            while stop.is_none() {
+            while !stop {
                 match self.rx.try_recv() {
                     Ok(Command::Input) => pending = true,
-                    Ok(Command::Stop(reply)) => stop = Some(Some(reply)),
+                    Ok(Command::Stop) | Err(mpsc::TryRecvError::Disconnected) => stop = true,
                     Err(mpsc::TryRecvError::Empty) => break,
-                    Err(mpsc::TryRecvError::Disconnected) => stop = Some(None),
                 }
             }
-            if let Some(reply) = stop {
+            if stop {
                 drop(query);
                 self.set_status(|s| {
                     if s.state != RunState::Failed {
@@ -357,9 +476,6 @@ impl Runner {
                     }
                 });
                 tracing::info!(pipeline = %self.handle.id, "pipeline stopped");
-                if let Some(reply) = reply {
-                    let _ = reply.send(());
-                }
                 return;
             }
             let now = Instant::now();
@@ -418,7 +534,7 @@ impl Runner {
                     pending = true;
                     self.set_status(|s| {
                         s.state = RunState::Retrying;
-                        s.last_error = Some(reason);
+                        s.last_error = Some(crate::bounded_message(&reason));
                         s.failed_attempts = attempts;
                     });
                 }
@@ -428,6 +544,7 @@ impl Runner {
 
     fn fail(&self, reason: String) {
         tracing::warn!(pipeline = %self.handle.id, "pipeline failed");
+        let reason = crate::bounded_message(&reason);
         self.set_status(|s| {
             s.state = RunState::Failed;
             s.failure = Some(reason.clone());
@@ -450,7 +567,16 @@ impl Runner {
                     ran += 1;
                     self.record(&report)?;
                 }
-                Ok(None) => break,
+                Ok(None) => {
+                    if ran > 0 {
+                        reclaim_input(&PipelineHandle::input_dir(&self.handle.dir));
+                        self.handle
+                            .metrics
+                            .disk_bytes
+                            .store(dir_size(&self.handle.dir), Ordering::Relaxed);
+                    }
+                    break;
+                }
                 Err(e) => return Err(Failure::Batch(e.to_string())),
             }
         }
@@ -476,6 +602,8 @@ impl Runner {
         m.observe_batch(c.duration_ms as f64 / 1000.0);
         let state_bytes = dir_size(&self.spec.opts.checkpoint);
         m.state_bytes.store(state_bytes, Ordering::Relaxed);
+        m.disk_bytes
+            .store(dir_size(&self.handle.dir), Ordering::Relaxed);
         self.set_status(|s| {
             s.committed_output_bytes = c.output_bytes;
             s.state_bytes = state_bytes;
@@ -497,6 +625,65 @@ impl Runner {
     }
 }
 
+/// Runs a pipeline's runner `body`; if it panics, marks the pipeline failed with the
+/// panic's message (in its status and, durably, in the registry) instead of leaving it
+/// `running` with no runner.
+fn guarded(handle: &PipelineHandle, app: &Weak<App>, body: impl FnOnce()) {
+    let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(body)) else {
+        return;
+    };
+    let message = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned());
+    let reason = crate::bounded_message(&format!(
+        "the pipeline's runner panicked (a bug in the host; the batch committed nothing): \
+         {message}"
+    ));
+    tracing::error!(pipeline = %handle.id, "the pipeline's runner panicked");
+    {
+        let mut status = handle.status.lock().expect("status lock");
+        status.state = RunState::Failed;
+        status.failure = Some(reason.clone());
+    }
+    if let Some(app) = app.upgrade() {
+        app.pipeline_failed(&handle.id, &reason);
+    }
+}
+
+/// Reclaims the input segments every batch has read, once no input is left to read (so
+/// the engine has consumed every sealed segment): removes all but the newest, and empties
+/// that one, which stays so the segment numbers keep going up after a restart (the
+/// engine's progress is per file name, so a number must never be used twice; an emptied
+/// file is shorter than its progress, so it is never read again). Runs on the runner's
+/// thread, between batches, when no seal can add a segment and no batch is planned.
+fn reclaim_input(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut sealed: Vec<String> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("seg-"))
+        .collect();
+    sealed.sort();
+    if let Some(newest) = sealed.pop() {
+        let emptied = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join(&newest))
+            .and_then(|f| f.set_len(0));
+        if let Err(e) = emptied {
+            tracing::warn!(error = %e, segment = %newest, "cannot empty a processed input segment");
+        }
+    }
+    for name in sealed {
+        if let Err(e) = std::fs::remove_file(dir.join(&name)) {
+            tracing::warn!(error = %e, segment = %name, "cannot remove a processed input segment");
+        }
+    }
+}
+
 /// Bytes of the files under `dir`.
 pub(crate) fn dir_size(dir: &Path) -> u64 {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -510,4 +697,34 @@ pub(crate) fn dir_size(dir: &Path) -> u64 {
             Err(_) => 0,
         })
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panicking_runner_marks_the_pipeline_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        let handle = PipelineHandle::new(
+            "pl_test",
+            "tn_test",
+            dir.path(),
+            IngestCheck::new(None, vec!["k".into()], None),
+        )
+        .unwrap();
+        handle.status.lock().unwrap().state = RunState::Running;
+        guarded(&handle, &Weak::new(), || {
+            std::thread::scope(|s| {
+                s.spawn(|| panic!("a partition worker broke"))
+                    .join()
+                    .expect("partition worker panicked")
+            })
+        });
+        let status = handle.status();
+        assert_eq!(status.state, RunState::Failed);
+        let failure = status.failure.unwrap();
+        assert!(failure.contains("runner panicked"), "{failure}");
+        assert!(failure.contains("partition worker panicked"), "{failure}");
+    }
 }

@@ -37,6 +37,20 @@ pub struct Quotas {
     /// Sustained ingest rate over all the tenant's pipelines, in rows per second (HTTP 429
     /// beyond it); bursts of up to one second's worth are allowed.
     pub ingest_rows_per_s: u64,
+    /// Sustained ingest rate over all the tenant's pipelines, in bytes per second (HTTP 429
+    /// beyond it), counted on the rows as stored; bursts of one second's worth.
+    pub ingest_bytes_per_s: u64,
+    /// Input bytes one batch reads at most (cut at a line boundary; one line longer than
+    /// this is read whole), so a pipeline with a large backlog works through it in bounded
+    /// memory, batch by batch.
+    pub max_batch_bytes: u64,
+    /// Worker threads one pipeline's batch runs its partitions on, so one pipeline does
+    /// not hold every core.
+    pub max_workers: u32,
+    /// Bytes on disk over all the tenant's pipelines (input log, output, state) and
+    /// processors (components and their compiled artefacts): ingest and uploads that would
+    /// go past it are refused (HTTP 403). Input a pipeline has processed is reclaimed.
+    pub max_disk_bytes: u64,
 }
 
 impl Default for Quotas {
@@ -52,6 +66,10 @@ impl Default for Quotas {
             memory_bytes: 256 << 20,
             output_bytes_per_call: 16 << 20,
             ingest_rows_per_s: 1_000_000,
+            ingest_bytes_per_s: 256 << 20,
+            max_batch_bytes: 64 << 20,
+            max_workers: 4,
+            max_disk_bytes: 256 << 30,
         }
     }
 }
@@ -66,6 +84,15 @@ impl Quotas {
                 .unwrap_or(usize::MAX),
             // Granted per pipeline, not per tenant (`PUT /v1/pipelines/{id}/capabilities`).
             http_hosts: Vec::new(),
+            // A budget per load: a pipeline's partitions share their processor's, which the
+            // runtime checks inside every call and the meter charges after it.
+            batch_cpu: Some(std::sync::Arc::new(statebox_runtime::CpuBudget::new(
+                std::time::Duration::from_millis(self.batch_cpu_ms),
+            ))),
+            // The state a partition's overlay holds until the commit, per batch.
+            state_bytes_per_batch: usize::try_from(self.memory_bytes)
+                .unwrap_or(usize::MAX)
+                .saturating_mul(4),
         }
     }
 
@@ -79,6 +106,10 @@ impl Quotas {
             ("memory_bytes", self.memory_bytes),
             ("output_bytes_per_call", self.output_bytes_per_call),
             ("ingest_rows_per_s", self.ingest_rows_per_s),
+            ("ingest_bytes_per_s", self.ingest_bytes_per_s),
+            ("max_batch_bytes", self.max_batch_bytes),
+            ("max_workers", u64::from(self.max_workers)),
+            ("max_disk_bytes", self.max_disk_bytes),
         ];
         for (name, value) in positive {
             if value == 0 {
@@ -138,6 +169,9 @@ pub struct ProcessorRecord {
     pub input_schema: Option<String>,
     pub output_event_time_column: Option<String>,
     pub state_variables: Vec<VariableInfo>,
+    /// Bytes of its compiled artefact, counted toward the tenant's disk quota.
+    #[serde(default)]
+    pub compiled_bytes: u64,
 }
 
 /// Event time of a pipeline.

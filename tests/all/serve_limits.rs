@@ -1,0 +1,672 @@
+//! `statebox serve` under attack (issue 12, the server's half): each test performs one
+//! attack with a purpose-built processor or request against the real binary, and checks
+//! that the server stays up, that other tenants keep working, and that the failure names
+//! its cause.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use statebox_tests::{Scratch, component_cache, guests, statebox_bin, wait_for};
+
+use crate::serve::{ADMIN, Api, Server, data_dir, request, tenant, try_request};
+
+/// `tests/guests/hostile-upload`, whose mode is patched into its data.
+const HOSTILE: &str = env!("STATEBOX_GUEST_HOSTILE_UPLOAD");
+
+/// The hostile-upload component in `mode` (see its crate docs).
+fn hostile(mode: &str) -> Vec<u8> {
+    let mut wasm = std::fs::read(HOSTILE).unwrap();
+    let marker = b"statebox-hostile-mode:normal";
+    let at: Vec<usize> = wasm
+        .windows(marker.len())
+        .enumerate()
+        .filter(|(_, w)| w == marker)
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(at.len(), 1, "the mode marker appears once in the component");
+    let mut patched = format!("statebox-hostile-mode:{mode}").into_bytes();
+    assert!(patched.len() <= 48, "mode too long");
+    patched.resize(48, b'.');
+    wasm[at[0]..at[0] + 48].copy_from_slice(&patched);
+    wasm
+}
+
+/// Starts `statebox serve` and waits at most `limit` for it to listen; panics (killing it)
+/// if it does not.
+fn start_within(data: &Path, extra: &[&str], limit: Duration) -> Server {
+    std::fs::create_dir_all(data).unwrap();
+    let log = data.with_extension("log");
+    let stderr = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .unwrap();
+    let mut child = Command::new(statebox_bin())
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(data)
+        .args(["--listen", "127.0.0.1:0"])
+        .args(extra)
+        .env("STATEBOX_ADMIN_TOKEN", ADMIN)
+        .env("STATEBOX_CACHE_DIR", component_cache())
+        .env("STATEBOX_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .expect("spawn statebox serve");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line);
+        let _ = tx.send(line);
+    });
+    let line = match rx.recv_timeout(limit) {
+        Ok(line) => line,
+        Err(_) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "the server did not listen within {limit:?}:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+    };
+    let Some(addr) = line.trim().strip_prefix("statebox serve listening on ") else {
+        let _ = child.kill();
+        panic!("the server did not start: {line}");
+    };
+    Server {
+        child: Some(child),
+        base: addr.to_owned(),
+        log,
+    }
+}
+
+/// Runs `f` and returns its result with how long it took.
+fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
+    let started = Instant::now();
+    let t = f();
+    (t, started.elapsed())
+}
+
+/// A value of the server process's `/proc/PID/status`, in KiB.
+fn proc_status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
+/// How much the server's peak resident memory grows while `f` runs, in MiB: the peak is
+/// reset first (`/proc/PID/clear_refs`), so only `f`'s requests count.
+fn peak_growth_mib(server: &Server, f: impl FnOnce()) -> u64 {
+    let pid = server.child.as_ref().unwrap().id();
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").expect("reset the peak RSS");
+    let before = proc_status_kib(pid, "VmRSS:");
+    f();
+    let peak = proc_status_kib(pid, "VmHWM:");
+    peak.saturating_sub(before) / 1024
+}
+
+/// Reads an HTTP response off `s` until its body is complete, the connection closes, or 30 s
+/// pass.
+fn read_answer(s: &mut TcpStream) -> String {
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let started = Instant::now();
+    let mut got = Vec::new();
+    while started.elapsed() < Duration::from_secs(30) {
+        let mut buf = [0u8; 4096];
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => break,
+        }
+        let text = String::from_utf8_lossy(&got);
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head.lines().find_map(|l| {
+                let (name, value) = l.split_once(':')?;
+                name.eq_ignore_ascii_case("content-length")
+                    .then(|| value.trim().parse::<usize>().ok())?
+            });
+            if length.is_some_and(|n| body.len() >= n) {
+                break;
+            }
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+fn admin(server: &Server, method: &str, path: &str, body: Option<&Value>) -> crate::serve::Reply {
+    let bytes = body.map(Value::to_string);
+    request(
+        method,
+        &server.url(path),
+        Some(ADMIN),
+        bytes.as_ref().map(|b| ("application/json", b.as_bytes())),
+    )
+}
+
+/// A well-behaved tenant's whole path, start to finish: upload, create, ingest, read.
+fn good_tenant_works(good: &Api<'_>, rows: u64) {
+    let counter = good.processor(guests::COUNTER);
+    let p = good.pipeline(json!({"processor": counter, "key": "k", "trigger_interval_ms": 50}));
+    let batch: Vec<Value> = (0..rows)
+        .map(|i| json!({"k": format!("k{}", i % 3)}))
+        .collect();
+    good.rows(&p, &batch).ok();
+    good.wait_processed(&p, rows);
+    assert!(!good.output(&p, 100).is_empty());
+}
+
+#[test]
+fn guests_that_never_return_hold_up_no_other_tenant_stop_or_restart() {
+    let scratch = Scratch::new();
+    let data = data_dir(&scratch);
+    let flags = ["--stop-wait-ms", "1000", "--open-wait-ms", "2000"];
+    let server = Server::start(&data, &flags);
+    // Calls may run for 90 s, longer than any request of this test may take (60 s): the
+    // guests below spin until then, or until the server exits.
+    let bad = tenant(
+        &server,
+        "bad",
+        json!({"call_cpu_ms": 90_000, "batch_cpu_ms": 180_000}),
+    );
+    let good = tenant(&server, "good", json!({}));
+
+    // An upload whose `init` spins: the upload waits, nobody else does.
+    let spinning_upload = {
+        let (url, token) = (server.url("/v1/processors"), bad.token.clone());
+        std::thread::spawn(move || {
+            let wasm = hostile("spin-init");
+            let _ = try_request(
+                "POST",
+                &url,
+                Some(&token),
+                Some(("application/wasm", wasm.as_slice())),
+            );
+        })
+    };
+    // A processor whose `init` spins only in event time, so a pipeline never opens.
+    let never_opens = bad.upload(&hostile("spin-event-time")).ok();
+    let never_opens = never_opens["id"].as_str().unwrap().to_owned();
+    let spinning_create = {
+        let (url, token) = (server.url("/v1/pipelines"), bad.token.clone());
+        let spec = json!({
+            "processor": never_opens, "key": "k", "time_mode": "event-time",
+            "event_time": {"column": "t"}
+        })
+        .to_string();
+        std::thread::spawn(move || {
+            try_request(
+                "POST",
+                &url,
+                Some(&token),
+                Some(("application/json", spec.as_bytes())),
+            )
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    // Each of these requests would wait for the spinning guests if a lock were held.
+    good_tenant_works(&good, 30);
+    // The event-time pipeline was created (still starting) once the open wait ran out.
+    let created = spinning_create
+        .join()
+        .unwrap()
+        .expect("the create request answered");
+    let stuck = created.ok();
+    assert_eq!(stuck["status"]["state"], "starting", "{stuck}");
+    let stuck = stuck["id"].as_str().unwrap().to_owned();
+
+    // A batch that spins: stop and delete answer at once, and the pipeline says why it
+    // cannot start again yet.
+    let misbehave = bad.processor(guests::MISBEHAVE);
+    let spinning = bad.pipeline(json!({"processor": misbehave, "key": "k"}));
+    bad.rows(&spinning, &[json!({"k": "a", "action": "loop"})])
+        .ok();
+    std::thread::sleep(Duration::from_secs(1));
+    let (stopped, took) = timed(|| {
+        bad.post(&format!("/v1/pipelines/{spinning}/stop"), &json!({}))
+            .ok()
+    });
+    assert!(took < Duration::from_secs(50), "stop took {took:?}");
+    assert_eq!(stopped["status"]["state"], "stopping", "{stopped}");
+    bad.post(&format!("/v1/pipelines/{spinning}/start"), &json!({}))
+        .error(409, &["still finishing its current batch"]);
+    let (deleted, took) = timed(|| bad.delete(&format!("/v1/pipelines/{spinning}")));
+    assert_eq!(deleted.status, 204, "{}", deleted.body);
+    assert!(took < Duration::from_secs(50), "delete took {took:?}");
+
+    // Shutdown does not wait for the spinning guests: the process exits within 10 s.
+    let (bad_token, good_token) = (bad.token.clone(), good.token.clone());
+    drop((bad, good));
+    let log = server.shut_down();
+    assert!(log.contains("did not stop in time"), "{log}");
+    drop(spinning_upload);
+
+    // A restart answers requests while the stuck pipeline resumes in the background.
+    let server = start_within(&data, &flags, Duration::from_secs(60));
+    let bad = Api {
+        server: &server,
+        token: bad_token,
+    };
+    let good = Api {
+        server: &server,
+        token: good_token,
+    };
+    assert_eq!(bad.status(&stuck)["status"]["state"], "starting");
+    let listed = good.get("/v1/pipelines").ok();
+    assert_eq!(listed["pipelines"].as_array().unwrap().len(), 1, "{listed}");
+    good.get("/v1/tenant").ok();
+}
+
+#[test]
+fn slow_clients_are_cut_off_and_large_bodies_are_not_buffered() {
+    let scratch = Scratch::new();
+    let server = Server::start(
+        &data_dir(&scratch),
+        &["--header-timeout-ms", "1000", "--body-timeout-ms", "1000"],
+    );
+    let a = tenant(&server, "a", json!({"max_ingest_request_bytes": 1 << 20}));
+    let addr = server.base.trim_start_matches("http://").to_owned();
+
+    // Slowloris: twenty connections sending their heads a byte at a time.
+    let mut slow: Vec<TcpStream> = (0..20)
+        .map(|_| {
+            let mut s = TcpStream::connect(&addr).unwrap();
+            s.write_all(b"GET /v1/tenant HTTP/1.1\r\nHost: x\r\n")
+                .unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+            s
+        })
+        .collect();
+    let started = Instant::now();
+    let mut closed = vec![false; slow.len()];
+    while closed.iter().any(|c| !c) {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{} slow connections still open after 30 s",
+            closed.iter().filter(|c| !**c).count()
+        );
+        for (s, c) in slow.iter_mut().zip(closed.iter_mut()).filter(|(_, c)| !**c) {
+            let mut buf = [0u8; 256];
+            match s.read(&mut buf) {
+                Ok(0) => *c = true,
+                Ok(_) => *c = true,
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.kind() == std::io::ErrorKind::TimedOut =>
+                {
+                    // Still open: dribble one more header byte.
+                    if s.write_all(b"x").is_err() {
+                        *c = true;
+                    }
+                }
+                Err(_) => *c = true,
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Meanwhile (and after) everyone else is served.
+    a.get("/v1/tenant").ok();
+
+    // A body that stops arriving is answered 408.
+    let mut s = TcpStream::connect(&addr).unwrap();
+    write!(
+        s,
+        "POST /v1/tenants HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN}\r\n\
+         Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"name\""
+    )
+    .unwrap();
+    let answer = read_answer(&mut s);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("stopped arriving"), "{answer}");
+
+    // A body over the limit is refused without being kept in memory.
+    let counter = a.processor(guests::COUNTER);
+    let p = a.pipeline(json!({"processor": counter, "key": "k"}));
+    let line = format!("{{\"k\":\"{}\"}}\n", "x".repeat(1000));
+    let body = line.repeat((60 << 20) / line.len());
+    let grew = peak_growth_mib(&server, || {
+        a.jsonl(&p, &body).error(413, &["1048576 bytes"]);
+    });
+    assert!(grew < 30, "refusing a 60 MiB body took {grew} MiB");
+    a.get("/v1/tenant").ok();
+}
+
+#[test]
+fn one_caller_cannot_take_every_request_slot() {
+    let scratch = Scratch::new();
+    let server = Server::start(
+        &data_dir(&scratch),
+        &[
+            "--body-timeout-ms",
+            "60000",
+            "--max-in-flight-per-caller",
+            "2",
+        ],
+    );
+    let a = tenant(&server, "a", json!({}));
+    let b = tenant(&server, "b", json!({}));
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    // Two of a's requests whose bodies never finish take a's two slots.
+    let stalled: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let mut s = TcpStream::connect(&addr).unwrap();
+            write!(
+                s,
+                "POST /v1/processors HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\
+                 Content-Length: 1000\r\n\r\n\0asm",
+                a.token
+            )
+            .unwrap();
+            s
+        })
+        .collect();
+    let refused = wait_for(
+        "a's third request to be refused",
+        Duration::from_secs(30),
+        || {
+            let r = a.get("/v1/tenant");
+            (r.status == 429).then_some(r)
+        },
+    );
+    refused.error(429, &["max_in_flight_per_caller"]);
+    // Another tenant is not affected, and a gets its slots back once its requests end.
+    b.get("/v1/tenant").ok();
+    drop(stalled);
+    wait_for("a's slots to free", Duration::from_secs(30), || {
+        (a.get("/v1/tenant").status == 200).then_some(())
+    });
+}
+
+#[test]
+fn a_page_of_output_reads_at_most_a_page() {
+    let scratch = Scratch::new();
+    let server = Server::start(&data_dir(&scratch), &[]);
+    let a = tenant(&server, "a", json!({"output_bytes_per_call": 32 << 20}));
+    let misbehave = a.processor(guests::MISBEHAVE);
+    let p = a.pipeline(json!({"processor": misbehave, "key": "k"}));
+    // Five batches of 20 rows of 1 MiB: 100 MiB of output.
+    for i in 0..5u64 {
+        a.rows(
+            &p,
+            &[json!({"k": format!("k{i}"), "action": "huge-output"})],
+        )
+        .ok();
+        a.wait_processed(&p, i + 1);
+    }
+    let committed = a.status(&p)["status"]["committed_output_bytes"]
+        .as_u64()
+        .unwrap();
+    assert!(committed > 100 << 20, "{committed}");
+    let mut page = Value::Null;
+    let grew = peak_growth_mib(&server, || {
+        page = a.get(&format!("/v1/pipelines/{p}/output?limit=1")).ok();
+    });
+    assert_eq!(page["count"], 1);
+    let next = page["next"].as_u64().unwrap();
+    assert!(next > 1 << 20 && next < 2 << 20, "one row of 1 MiB: {next}");
+    assert!(grew < 40, "reading one row of 1 MiB took {grew} MiB");
+    // A page without a limit stops at its byte size (8 MiB), on a row boundary.
+    let page = a
+        .get(&format!("/v1/pipelines/{p}/output?after={next}"))
+        .ok();
+    let count = page["count"].as_u64().unwrap();
+    assert!((1..=8).contains(&count), "{count}");
+}
+
+#[test]
+fn a_huge_processor_name_is_refused_before_it_is_stored() {
+    let scratch = Scratch::new();
+    let data = data_dir(&scratch);
+    let server = Server::start(&data, &[]);
+    let bad = tenant(&server, "bad", json!({}));
+    let good = tenant(&server, "good", json!({}));
+    let uploading = {
+        let (url, token) = (server.url("/v1/processors"), bad.token.clone());
+        std::thread::spawn(move || {
+            let wasm = hostile("huge-name");
+            request(
+                "POST",
+                &url,
+                Some(&token),
+                Some(("application/wasm", wasm.as_slice())),
+            )
+        })
+    };
+    good_tenant_works(&good, 10);
+    uploading.join().unwrap().error(422, &["name"]);
+    bad.upload(&hostile("huge-var-name")).error(422, &[]);
+    // Nothing of it reached the registry; a well-behaved processor uploads fine.
+    let registry = std::fs::metadata(data.join("registry.json")).unwrap().len();
+    assert!(registry < 64 << 10, "the registry holds {registry} bytes");
+    bad.upload(&hostile("normal")).ok();
+}
+
+#[test]
+fn a_backlog_is_worked_through_in_batches_of_bounded_bytes() {
+    let scratch = Scratch::new();
+    let server = Server::start(&data_dir(&scratch), &[]);
+    let a = tenant(&server, "a", json!({"max_batch_bytes": 4096}));
+    let misbehave = a.processor(guests::MISBEHAVE);
+    let p = a.pipeline(json!({"processor": misbehave, "key": "k", "trigger_interval_ms": 50}));
+    a.post(&format!("/v1/pipelines/{p}/stop"), &json!({})).ok();
+    // A backlog acknowledged while the pipeline is stopped: 1000 rows of ~30 bytes.
+    let rows: Vec<Value> = (0..1000)
+        .map(|i| json!({"k": format!("k{}", i % 7), "action": "ok"}))
+        .collect();
+    for chunk in rows.chunks(250) {
+        a.rows(&p, chunk).ok();
+    }
+    a.post(&format!("/v1/pipelines/{p}/start"), &json!({})).ok();
+    a.wait_processed(&p, 1000);
+    let progress = a.get(&format!("/v1/pipelines/{p}/progress?last=1000")).ok();
+    let batches = progress["progress"].as_array().unwrap();
+    let line = json!({"k": "k0", "action": "ok"}).to_string().len() as u64 + 1;
+    let most = batches
+        .iter()
+        .map(|b| b["input_rows"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    assert!(
+        most * line <= 4096,
+        "a batch read {most} rows of {line} bytes"
+    );
+    assert!(
+        batches.len() >= 1000 * line as usize / 4096,
+        "{} batches",
+        batches.len()
+    );
+    // Every row exactly once: each key's count reached its number of rows.
+    let out = a.output(&p, 10_000);
+    assert_eq!(out.len(), 1000);
+    for k in 0..7 {
+        let key = format!("k{k}");
+        let max = out
+            .iter()
+            .filter(|r| r["k"] == key.as_str())
+            .map(|r| r["count"].as_i64().unwrap())
+            .max()
+            .unwrap();
+        assert_eq!(max as usize, (0..1000).filter(|i| i % 7 == k).count());
+    }
+}
+
+#[test]
+fn ingest_is_rate_limited_in_bytes_too() {
+    let scratch = Scratch::new();
+    let server = Server::start(&data_dir(&scratch), &[]);
+    let a = tenant(&server, "a", json!({"ingest_bytes_per_s": 1000}));
+    let counter = a.processor(guests::COUNTER);
+    let p = a.pipeline(json!({"processor": counter, "key": "k"}));
+    let rows: Vec<Value> = (0..20).map(|i| json!({"k": format!("{i:0>60}")})).collect();
+    // A full bucket admits one request larger than it, then the tenant waits.
+    a.rows(&p, &rows).ok();
+    let refused = a
+        .rows(&p, &rows)
+        .error(429, &["1000 bytes/s", "ingest_bytes_per_s"]);
+    assert_eq!(refused["error"]["code"], "rate_limited");
+}
+
+#[test]
+fn tokens_are_revoked_and_tenants_deleted_with_everything_they_have() {
+    let scratch = Scratch::new();
+    let data = data_dir(&scratch);
+    let server = Server::start(&data, &[]);
+    let doomed = tenant(&server, "doomed", json!({}));
+    let other = tenant(&server, "other", json!({}));
+    let me = doomed.get("/v1/tenant").ok();
+    let id = me["id"].as_str().unwrap().to_owned();
+
+    // A second token; the first is revoked.
+    let second = admin(&server, "POST", &format!("/v1/tenants/{id}/tokens"), None).ok();
+    let second = Api {
+        server: &server,
+        token: second["token"].as_str().unwrap().to_owned(),
+    };
+    let listed = admin(&server, "GET", &format!("/v1/tenants/{id}"), None).ok();
+    let first_id = listed["tokens"][0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        admin(
+            &server,
+            "DELETE",
+            &format!("/v1/tenants/{id}/tokens/{first_id}"),
+            None
+        )
+        .status,
+        204
+    );
+    doomed.get("/v1/tenant").error(401, &["invalid token"]);
+    second.get("/v1/tenant").ok();
+    admin(
+        &server,
+        "DELETE",
+        &format!("/v1/tenants/{id}/tokens/tok_nope"),
+        None,
+    )
+    .error(404, &["tok_nope"]);
+
+    // The tenant goes with its pipeline, input, output, state and processors.
+    let counter = second.processor(guests::COUNTER);
+    let p = second.pipeline(json!({"processor": counter, "key": "k"}));
+    second.rows(&p, &[json!({"k": "a"})]).ok();
+    second.wait_processed(&p, 1);
+    let kept = other.processor(guests::MISBEHAVE);
+    let blobs = |d: &Path| std::fs::read_dir(d.join("processors")).unwrap().count();
+    assert_eq!(blobs(&data), 2);
+    assert_eq!(
+        admin(&server, "DELETE", &format!("/v1/tenants/{id}"), None).status,
+        204
+    );
+    second.get("/v1/tenant").error(401, &["invalid token"]);
+    admin(&server, "GET", &format!("/v1/tenants/{id}"), None).error(404, &[&id]);
+    wait_for(
+        "the pipeline's directory to go",
+        Duration::from_secs(30),
+        || (!data.join("pipelines").join(&p).exists()).then_some(()),
+    );
+    assert_eq!(blobs(&data), 1);
+    // The other tenant keeps everything.
+    let still = other.get(&format!("/v1/processors/{kept}")).ok();
+    assert_eq!(still["id"], kept.as_str());
+    good_tenant_works(&other, 5);
+}
+
+#[test]
+fn processed_input_is_reclaimed_and_disk_use_is_capped() {
+    let scratch = Scratch::new();
+    let data = data_dir(&scratch);
+    let server = Server::start(&data, &[]);
+    let a = tenant(&server, "a", json!({}));
+    // A processor that emits nothing and keeps no state: the disk holds only input.
+    let quiet = a.upload(&hostile("normal")).ok()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let p = a.pipeline(json!({"processor": quiet, "key": "k", "trigger_interval_ms": 50}));
+    a.post(&format!("/v1/pipelines/{p}/stop"), &json!({})).ok();
+    let used = |a: &Api<'_>| {
+        a.get("/v1/tenant").ok()["usage"]["disk_bytes"]
+            .as_u64()
+            .unwrap()
+    };
+    let base = used(&a);
+    let me = a.get("/v1/tenant").ok()["id"].as_str().unwrap().to_owned();
+    admin(
+        &server,
+        "PATCH",
+        &format!("/v1/tenants/{me}/quotas"),
+        Some(&json!({"max_disk_bytes": base + 1_000_000})),
+    )
+    .ok();
+    // Requests of ~200 kB pile up while the pipeline is stopped, until the quota says no.
+    let rows: Vec<Value> = (0..1000)
+        .map(|i| json!({"k": format!("k{}", i % 5), "pad": "x".repeat(180)}))
+        .collect();
+    let mut accepted = 0;
+    let refused = loop {
+        let r = a.rows(&p, &rows);
+        if r.status != 200 {
+            break r;
+        }
+        accepted += 1000;
+        assert!(accepted <= 20_000, "the quota never refused");
+    };
+    refused.error(403, &["max_disk_bytes"]);
+    assert!(accepted >= 3000, "{accepted}");
+    assert!(used(&a) > base + 600_000);
+    // Processed input is reclaimed: the tenant may send again.
+    a.post(&format!("/v1/pipelines/{p}/start"), &json!({})).ok();
+    a.wait_processed(&p, accepted);
+    wait_for(
+        "processed input to be reclaimed",
+        Duration::from_secs(30),
+        || (used(&a) < base + 300_000).then_some(()),
+    );
+    let input: u64 = std::fs::read_dir(data.join("pipelines").join(&p).join("input"))
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    assert_eq!(input, 0, "every processed segment is gone or empty");
+    a.rows(&p, &rows).ok();
+    a.wait_processed(&p, accepted + 1000);
+    // Read exactly once across the reclaimed segments, also after a restart.
+    let token = a.token.clone();
+    drop(a);
+    server.shut_down();
+    let server = Server::start(&data, &[]);
+    let a = Api {
+        server: &server,
+        token,
+    };
+    wait_for("the pipeline to resume", Duration::from_secs(60), || {
+        (a.rows(&p, &rows[..10]).status == 200).then_some(())
+    });
+    let progress = wait_for(
+        "the rows after the restart",
+        Duration::from_secs(60),
+        || {
+            let pr = a.get(&format!("/v1/pipelines/{p}/progress?last=1000")).ok();
+            let total: u64 = pr["progress"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|b| b["input_rows"].as_u64().unwrap())
+                .sum();
+            (total >= accepted + 1010).then_some(total)
+        },
+    );
+    assert_eq!(progress, accepted + 1010);
+}
