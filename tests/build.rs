@@ -26,6 +26,7 @@ const GUESTS: &[&str] = &[
     "profile-ttl-added",
     "counter-reset",
     "http-call",
+    "hostile-calls",
     "hostile-upload",
 ];
 

@@ -15,6 +15,7 @@ mod pyspark_http;
 mod pyspark_tws;
 mod python;
 mod restart;
+mod runtime_limits;
 mod sandbox;
 mod scenarios;
 mod serve;

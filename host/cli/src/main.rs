@@ -232,6 +232,7 @@ impl SandboxArgs {
             memory_bytes: self.memory_limit_mb << 20,
             output_bytes_per_call: self.output_limit_mb << 20,
             http_hosts: self.allow_http.clone(),
+            ..Limits::default()
         };
         RuntimeConfig {
             cache_dir: cache_dir(),

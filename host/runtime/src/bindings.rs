@@ -9,6 +9,9 @@ wasmtime::component::bindgen!({
     world: "stateful-batch-processor",
     path: "../../wit",
     imports: { default: trappable },
+    // Export calls are async (`call_async`) so the driver can abandon a guest blocked in a
+    // host call at its deadline (see `driver.rs`); the imports themselves never wait.
+    exports: { default: async },
     ownership: Borrowing { duplicate_if_necessary: true },
     with: {
         "statebox:processor/state.value-state": crate::host::ValueStateRes,

@@ -13,12 +13,27 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 use crate::bindings::statebox::processor::{handle, keys, log, state, types};
 use crate::catalog::{Catalog, Declaration, DeclareError, Described, InitOp, VarHandle, VarKind};
 use crate::http::HttpHooks;
-use crate::sandbox::{Limits, VirtualClock, VirtualRandom};
+use crate::sandbox::{CallDeadline, Limits, VirtualClock, VirtualRandom};
 use crate::{BatchTimes, InstanceConfig, TimeMode};
 use types::{ErrorKind, StateError};
 
 /// Largest page an iterator returns, whatever the guest asks for.
 const MAX_PAGE: u32 = 4096;
+/// A page also ends once it holds this many bytes of values (and map keys): however large
+/// the values, one page costs the host about this much (plus one value).
+const MAX_PAGE_BYTES: usize = 1 << 20;
+/// Most iterators an instance may hold open at once; creating another returns
+/// `limit-exceeded`. Iterators a guest never drops stay counted, so a leak is bounded.
+pub(crate) const MAX_LIVE_ITERATORS: usize = 1024;
+/// Most timers `list-timers` returns; a key with more gets `limit-exceeded`.
+pub(crate) const MAX_LIST_TIMERS: usize = 100_000;
+/// Most resources (state handles, iterators, pollables, HTTP objects) one instance may hold
+/// at once; past it, creating one traps.
+pub(crate) const MAX_RESOURCES: usize = 65_536;
+/// A guest log message longer than this is cut.
+pub(crate) const MAX_LOG_MESSAGE: usize = 4096;
+/// Messages one call may log; the rest are counted and reported in one line.
+pub(crate) const MAX_LOGS_PER_CALL: u32 = 100;
 /// How much of the guest's stderr is kept to explain a trap.
 const STDERR_CAPACITY: usize = 64 << 10;
 
@@ -73,37 +88,84 @@ enum Phase {
     Close,
 }
 
-/// Denies memory growth past the instance's limit and remembers that it did, so the trap
-/// that usually follows (an allocation failure) can be explained.
+/// Most core instances, linear memories and tables one instance's store may create. The
+/// components the SDKs build stay well below (a Python component has about a dozen core
+/// instances and two memories); the counts bound what a crafted component can make the host
+/// allocate besides the bytes [`MemoryLimiter`] counts.
+const MAX_CORE_INSTANCES: usize = 64;
+const MAX_MEMORIES: usize = 8;
+const MAX_TABLES: usize = 64;
+/// What a table element costs the host, for the memory limit (a function reference).
+const TABLE_ELEMENT_BYTES: usize = 8;
+
+/// Denies growth of linear memories and tables past the instance's limit, which covers all
+/// of them together, and remembers that it did, so the trap that usually follows (an
+/// allocation failure) can be explained.
 pub(crate) struct MemoryLimiter {
     max: usize,
     hit: bool,
-    /// The largest linear memory granted so far, in bytes (the instance's high-water mark).
+    /// Bytes of every linear memory and table of the store.
+    total: usize,
+    /// The largest `total` reached, in bytes (the instance's high-water mark).
     pub(crate) peak: usize,
+}
+
+impl MemoryLimiter {
+    fn new(max: usize) -> MemoryLimiter {
+        MemoryLimiter {
+            max,
+            hit: false,
+            total: 0,
+            peak: 0,
+        }
+    }
+
+    /// Grows the total from `current` to `desired` bytes of one memory or table, if the
+    /// limit allows.
+    fn grow(&mut self, current: usize, desired: usize) -> bool {
+        let total = (self.total - current.min(self.total)).saturating_add(desired);
+        if total > self.max {
+            self.hit = true;
+            return false;
+        }
+        self.total = total;
+        self.peak = self.peak.max(total);
+        true
+    }
 }
 
 impl wasmtime::ResourceLimiter for MemoryLimiter {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        let ok = desired <= self.max;
-        self.hit |= !ok;
-        if ok {
-            self.peak = self.peak.max(desired);
-        }
-        Ok(ok)
+        Ok(self.grow(current, desired))
     }
 
     fn table_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        Ok(desired <= 1 << 20)
+        Ok(self.grow(
+            current.saturating_mul(TABLE_ELEMENT_BYTES),
+            desired.saturating_mul(TABLE_ELEMENT_BYTES),
+        ))
+    }
+
+    fn instances(&self) -> usize {
+        MAX_CORE_INSTANCES
+    }
+
+    fn memories(&self) -> usize {
+        MAX_MEMORIES
+    }
+
+    fn tables(&self) -> usize {
+        MAX_TABLES
     }
 }
 
@@ -114,8 +176,6 @@ struct BatchKeys {
     /// Each entry's random stream while another entry is selected; `None` until first
     /// selected.
     random: Vec<Option<u64>>,
-    /// When a key was last selected for the first time.
-    refreshed_at: Option<std::time::Instant>,
 }
 
 /// Everything the imports of one instance can reach.
@@ -130,6 +190,12 @@ pub struct HostState {
     http: WasiHttpCtx,
     http_hooks: HttpHooks,
     stderr: MemoryOutputPipe,
+    /// The wall-clock deadline of the call in progress (shared with the driving thread and
+    /// the outbound-HTTP hooks).
+    deadline: CallDeadline,
+    /// The thread's CPU time when the call started, when a shared [`Limits::batch_cpu`]
+    /// budget is checked during the call.
+    cpu_started: u64,
     clock: VirtualClock,
     random: VirtualRandom,
     phase: Phase,
@@ -140,6 +206,12 @@ pub struct HostState {
     times: Option<BatchTimes>,
     /// Bumped on every call; iterators created in an earlier call are refused.
     generation: u64,
+    /// Iterators created and not yet dropped by the guest.
+    live_iterators: usize,
+    /// Bytes of state values and map keys written in the batch in progress.
+    written: std::cell::Cell<usize>,
+    /// Messages logged in the call in progress, and how many of them were dropped.
+    logged: u32,
     /// A storage failure seen by an import; the import traps and the caller reports this.
     internal_error: Option<StoreError>,
     /// In describe mode, `init` runs against a trial copy of the catalog (so it meets the
@@ -171,11 +243,13 @@ impl HostState {
         processor: String,
         config: InstanceConfig,
         limits: &Limits,
-        table: ResourceTable,
+        mut table: ResourceTable,
     ) -> HostState {
+        table.set_max_capacity(MAX_RESOURCES);
         let clock = VirtualClock::default();
         let random = VirtualRandom::default();
         let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
+        let deadline = CallDeadline::default();
         // Nothing is granted: no preopened directories, no environment, no network, no
         // arguments, stdin closed. Clocks and randomness are virtual.
         let wasi = WasiCtx::builder()
@@ -192,17 +266,15 @@ impl HostState {
         HostState {
             processor,
             config,
-            limits: MemoryLimiter {
-                max: limits.memory_bytes,
-                hit: false,
-                peak: 0,
-            },
+            limits: MemoryLimiter::new(limits.memory_bytes),
             limits_config: limits.clone(),
             table,
             wasi,
             http: WasiHttpCtx::new(),
-            http_hooks: HttpHooks::new(&limits.http_hosts, limits.call_timeout),
+            http_hooks: HttpHooks::new(&limits.http_hosts, deadline.clone()),
             stderr,
+            deadline,
+            cpu_started: 0,
             clock,
             random,
             phase: Phase::Idle,
@@ -211,6 +283,9 @@ impl HostState {
             txn: None,
             times: None,
             generation: 0,
+            live_iterators: 0,
+            written: std::cell::Cell::new(0),
+            logged: 0,
             internal_error: None,
             describe: None,
         }
@@ -230,10 +305,32 @@ impl HostState {
         self.limits_config.call_timeout
     }
 
-    /// Starts the wall-clock deadline of a call, which bounds its outbound HTTP requests
-    /// (host calls block, and the epoch deadline cannot interrupt them).
+    /// Starts the deadline of a call: it bounds the guest's CPU (epoch interruption), its
+    /// waits in host calls and its outbound HTTP requests.
     pub(crate) fn start_call_deadline(&mut self) {
-        self.http_hooks.start_call(self.limits_config.call_timeout);
+        self.deadline.start(self.limits_config.call_timeout);
+        self.http_hooks.start_call();
+        if self.limits_config.batch_cpu.is_some() {
+            self.cpu_started = crate::sandbox::thread_cpu_ns();
+        }
+    }
+
+    /// The deadline of the call in progress.
+    pub(crate) fn deadline(&self) -> &CallDeadline {
+        &self.deadline
+    }
+
+    /// Whether the call in progress, with the CPU it has used so far, took the shared batch
+    /// budget past its limit.
+    pub(crate) fn batch_budget_exceeded(&self) -> bool {
+        self.limits_config.batch_cpu.as_ref().is_some_and(|budget| {
+            let running = crate::sandbox::thread_cpu_ns().saturating_sub(self.cpu_started);
+            budget.exceeded_with(running)
+        })
+    }
+
+    pub(crate) fn batch_budget(&self) -> Option<&crate::sandbox::CpuBudget> {
+        self.limits_config.batch_cpu.as_deref()
     }
 
     pub(crate) fn deadline_ticks(&self) -> u64 {
@@ -270,14 +367,17 @@ impl HostState {
     pub(crate) fn begin_init(&mut self) {
         self.phase = Phase::Init;
         self.generation += 1;
+        self.logged = 0;
     }
 
     pub(crate) fn begin_close(&mut self) {
         self.phase = Phase::Close;
         self.generation += 1;
+        self.logged = 0;
     }
 
     pub(crate) fn begin_batch(&mut self, txn: PartitionTxn, times: BatchTimes) {
+        self.written.set(0);
         self.txn = Some(txn);
         self.times = Some(times);
         self.clock.set_ms(times.batch_timestamp_ms);
@@ -296,9 +396,18 @@ impl HostState {
         self.txn.take()
     }
 
+    /// Every call starts at the batch timestamp, whatever an earlier call slept.
+    fn reset_clock(&self) {
+        if let Some(times) = self.times {
+            self.clock.set_ms(times.batch_timestamp_ms);
+        }
+    }
+
     pub(crate) fn begin_call(&mut self, key: &str) {
         self.phase = Phase::Handler;
         self.generation += 1;
+        self.logged = 0;
+        self.reset_clock();
         key.clone_into(&mut self.key);
         let batch_id = self.times.map_or(0, |t| t.batch_id);
         self.random.reseed(batch_id, key);
@@ -309,12 +418,13 @@ impl HostState {
     pub(crate) fn begin_batch_call(&mut self, keys: Vec<String>) {
         self.phase = Phase::Handler;
         self.generation += 1;
+        self.logged = 0;
+        self.reset_clock();
         self.key.clear();
         self.batch = Some(BatchKeys {
             random: vec![None; keys.len()],
             keys,
             selected: None,
-            refreshed_at: None,
         });
     }
 
@@ -326,12 +436,6 @@ impl HostState {
     /// The entry of the batched call in progress that the guest selected last.
     pub(crate) fn selected_entry(&self) -> Option<usize> {
         self.batch.as_ref().and_then(|b| b.selected)
-    }
-
-    /// When the guest last selected a key of the batched call for the first time: each key
-    /// gets a full CPU budget from then (see `extend_deadline`).
-    pub(crate) fn deadline_refreshed_at(&self) -> Option<std::time::Instant> {
-        self.batch.as_ref().and_then(|b| b.refreshed_at)
     }
 
     /// The query and batch, as `get-query-info` reports them.
@@ -443,6 +547,7 @@ impl HostState {
         json: String,
         what: &str,
     ) -> Result<StoredValue, StateError> {
+        self.count_written(json.len())?;
         check_value(var.value_schema(), &json, &var.name, what)?;
         Ok(StoredValue {
             schema_id: var.schema_id(),
@@ -469,6 +574,24 @@ impl HostState {
             .into_iter()
             .map(|v| self.encode_value(var, v, "list element"))
             .collect()
+    }
+
+    /// Counts `bytes` toward the state the instance writes in this batch, which the
+    /// partition's overlay holds in host memory until the commit.
+    fn count_written(&self, bytes: usize) -> Result<(), StateError> {
+        let total = self.written.get().saturating_add(bytes);
+        let limit = self.limits_config.state_bytes_per_batch;
+        if total > limit {
+            return Err(err(
+                ErrorKind::LimitExceeded,
+                format!(
+                    "the processor wrote more than {limit} bytes of state in this batch \
+                     (the limit per partition and batch)"
+                ),
+            ));
+        }
+        self.written.set(total);
+        Ok(())
     }
 
     fn declare(
@@ -516,6 +639,25 @@ impl HostState {
         catalog
             .declare(name, kind, key_ddl, value_ddl, ttl_ms)
             .map_err(declare_error)
+    }
+
+    /// Adds an iterator to the table, unless the instance holds too many already.
+    fn push_iterator<T: Send + 'static>(
+        &mut self,
+        it: T,
+    ) -> wasmtime::Result<Result<Resource<T>, StateError>> {
+        if self.live_iterators >= MAX_LIVE_ITERATORS {
+            return Ok(Err(err(
+                ErrorKind::LimitExceeded,
+                format!(
+                    "the instance holds {MAX_LIVE_ITERATORS} open iterators, the most allowed; \
+                     drop iterators that are no longer needed"
+                ),
+            )));
+        }
+        let res = self.table.push(it)?;
+        self.live_iterators += 1;
+        Ok(Ok(res))
     }
 
     fn scope(&self) -> Scope {
@@ -609,6 +751,35 @@ macro_rules! op {
 
 impl types::Host for HostState {}
 
+/// `wasi:clocks/monotonic-clock` on the virtual clock. It replaces wasmtime-wasi's, whose
+/// pollables wait in real time: here a guest that sleeps (`subscribe-duration` then
+/// `block`) holds no host thread, and its clock moves by exactly the time it slept.
+impl wasmtime_wasi::p2::bindings::clocks::monotonic_clock::Host for HostState {
+    fn now(&mut self) -> wasmtime::Result<u64> {
+        Ok(self.clock.monotonic_now())
+    }
+
+    fn resolution(&mut self) -> wasmtime::Result<u64> {
+        Ok(1)
+    }
+
+    fn subscribe_instant(
+        &mut self,
+        when: u64,
+    ) -> wasmtime::Result<Resource<wasmtime_wasi::p2::DynPollable>> {
+        let timer = self.table.push(self.clock.timer_at(when))?;
+        wasmtime_wasi::p2::subscribe(&mut self.table, timer)
+    }
+
+    fn subscribe_duration(
+        &mut self,
+        duration: u64,
+    ) -> wasmtime::Result<Resource<wasmtime_wasi::p2::DynPollable>> {
+        let timer = self.table.push(self.clock.timer_in(duration))?;
+        wasmtime_wasi::p2::subscribe(&mut self.table, timer)
+    }
+}
+
 impl keys::Host for HostState {
     fn use_key(&mut self, index: u32) -> wasmtime::Result<Result<(), StateError>> {
         let Some(batch) = self.batch.as_mut() else {
@@ -642,9 +813,10 @@ impl keys::Host for HostState {
             None => {
                 let batch_id = self.times.map_or(0, |t| t.batch_id);
                 self.random.reseed(batch_id, &batch.keys[index]);
-                // A key's first selection starts its own CPU and outbound-HTTP budget.
-                batch.refreshed_at = Some(std::time::Instant::now());
-                self.http_hooks.start_call(self.limits_config.call_timeout);
+                // A key's first selection starts its own CPU, waiting and outbound-HTTP
+                // budget (a shared batch budget still binds across keys).
+                self.deadline.start(self.limits_config.call_timeout);
+                self.http_hooks.start_call();
             }
         }
         batch.selected = Some(index);
@@ -655,6 +827,18 @@ impl keys::Host for HostState {
 
 impl log::Host for HostState {
     fn log(&mut self, level: log::Level, message: String) -> wasmtime::Result<()> {
+        self.logged = self.logged.saturating_add(1);
+        if self.logged > MAX_LOGS_PER_CALL {
+            return Ok(());
+        }
+        let message = if self.logged == MAX_LOGS_PER_CALL {
+            format!(
+                "(this call's further messages are dropped) {}",
+                log_line(&message)
+            )
+        } else {
+            log_line(&message)
+        };
         let p = &self.processor;
         // Guest messages may contain tenant data: they go to the processor's own log target
         // and are never mixed into the host's messages.
@@ -677,6 +861,25 @@ impl log::Host for HostState {
         }
         Ok(())
     }
+}
+
+/// A guest message as one bounded log line: control characters (newlines included) are
+/// escaped, so a guest cannot forge log lines, and anything past [`MAX_LOG_MESSAGE`] bytes
+/// is cut.
+pub(crate) fn log_line(message: &str) -> String {
+    let mut line = String::with_capacity(message.len().min(MAX_LOG_MESSAGE) + 32);
+    for (i, c) in message.char_indices() {
+        if line.len() >= MAX_LOG_MESSAGE {
+            line.push_str(&format!("… ({} more bytes cut)", message.len() - i));
+            break;
+        }
+        if c.is_control() {
+            line.extend(c.escape_default());
+        } else {
+            line.push(c);
+        }
+    }
+    line
 }
 
 impl handle::Host for HostState {
@@ -777,7 +980,18 @@ impl handle::Host for HostState {
         if let Err(e) = self.timers_allowed("list-timers") {
             return Ok(Err(e));
         }
-        Ok(Ok(op!(self, "list-timers", |txn, key| txn.timer_list(key))))
+        let timers = op!(self, "list-timers", |txn, key| txn
+            .timer_list_upto(key, MAX_LIST_TIMERS + 1));
+        if timers.len() > MAX_LIST_TIMERS {
+            return Ok(Err(err(
+                ErrorKind::LimitExceeded,
+                format!(
+                    "the key has more than {MAX_LIST_TIMERS} timers, more than list-timers \
+                     returns"
+                ),
+            )));
+        }
+        Ok(Ok(timers))
     }
 }
 
@@ -874,7 +1088,7 @@ impl state::HostListState for HostState {
             scope: self.scope(),
             source: JsonSource::List { after: None },
         };
-        Ok(Ok(self.table.push(it)?))
+        self.push_iterator(it)
     }
 
     fn put(
@@ -982,7 +1196,10 @@ impl state::HostMapState for HostState {
         value: String,
     ) -> wasmtime::Result<Result<(), StateError>> {
         let var = self.var(&this)?.0.clone();
-        let uk = match user_key(&var, &user_key_json) {
+        let uk = match user_key(&var, &user_key_json).and_then(|uk| {
+            self.count_written(uk.len())?;
+            Ok(uk)
+        }) {
             Ok(k) => k,
             Err(e) => return Ok(Err(e)),
         };
@@ -1024,7 +1241,7 @@ impl state::HostMapState for HostState {
             scope: self.scope(),
             after: None,
         };
-        Ok(Ok(self.table.push(it)?))
+        self.push_iterator(it)
     }
 
     fn keys(
@@ -1075,7 +1292,7 @@ impl HostState {
             scope: self.scope(),
             source,
         };
-        Ok(Ok(self.table.push(it)?))
+        self.push_iterator(it)
     }
 }
 
@@ -1096,10 +1313,12 @@ impl state::HostJsonIterator for HostState {
         let mut out = Vec::new();
         match &it.source {
             JsonSource::List { after } => {
-                let page = match txn.list_page(var.id, key.as_bytes(), *after, max) {
-                    Ok(p) => p,
-                    Err(e) => return Err(self.fail(e)),
-                };
+                let page =
+                    match txn.list_page_within(var.id, key.as_bytes(), *after, max, MAX_PAGE_BYTES)
+                    {
+                        Ok(p) => p,
+                        Err(e) => return Err(self.fail(e)),
+                    };
                 let last = page.last().map(|(seq, _)| *seq);
                 for (_, v) in page {
                     match self.value_payload(&var, v) {
@@ -1113,7 +1332,13 @@ impl state::HostJsonIterator for HostState {
             }
             JsonSource::MapKeys { after } | JsonSource::MapValues { after } => {
                 let keys_only = matches!(it.source, JsonSource::MapKeys { .. });
-                let page = match txn.map_page(var.id, key.as_bytes(), after.as_deref(), max) {
+                let page = match txn.map_page_within(
+                    var.id,
+                    key.as_bytes(),
+                    after.as_deref(),
+                    max,
+                    MAX_PAGE_BYTES,
+                ) {
                     Ok(p) => p,
                     Err(e) => return Err(self.fail(e)),
                 };
@@ -1143,6 +1368,7 @@ impl state::HostJsonIterator for HostState {
 
     fn drop(&mut self, rep: Resource<JsonIteratorRes>) -> wasmtime::Result<()> {
         self.table.delete(rep)?;
+        self.live_iterators -= 1;
         Ok(())
     }
 }
@@ -1162,7 +1388,13 @@ impl state::HostMapIterator for HostState {
         let key = it.key.clone();
         let after = it.after.clone();
         let txn = self.txn.as_ref().expect("handler phase has a transaction");
-        let page = match txn.map_page(var.id, key.as_bytes(), after.as_deref(), max) {
+        let page = match txn.map_page_within(
+            var.id,
+            key.as_bytes(),
+            after.as_deref(),
+            max,
+            MAX_PAGE_BYTES,
+        ) {
             Ok(p) => p,
             Err(e) => return Err(self.fail(e)),
         };
@@ -1185,6 +1417,7 @@ impl state::HostMapIterator for HostState {
 
     fn drop(&mut self, rep: Resource<MapIteratorRes>) -> wasmtime::Result<()> {
         self.table.delete(rep)?;
+        self.live_iterators -= 1;
         Ok(())
     }
 }

@@ -21,6 +21,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -29,6 +30,8 @@ use std::time::{Duration, Instant};
 use http::uri::{Authority, Scheme};
 use http_body::{Body, Frame, SizeHint};
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
+
+use crate::sandbox::CallDeadline;
 
 /// One entry of an outbound-HTTP allow-list: a host name or IP address, optionally with a
 /// port. Without a port it allows every port of the host.
@@ -82,13 +85,19 @@ impl fmt::Display for HttpHost {
 /// progress that bounds every request it sends.
 pub(crate) struct HttpHooks {
     allow: Arc<[HttpHost]>,
-    deadline: Instant,
+    deadline: CallDeadline,
+    /// Requests sent since the current call (or key of a batched call) started.
+    sent: usize,
 }
+
+/// Most requests one call (one key of a batched call) may send; past it, the guest gets
+/// `connection-limit-reached`.
+pub(crate) const MAX_REQUESTS_PER_CALL: usize = 64;
 
 impl HttpHooks {
     /// Hooks allowing `hosts` (entries that do not parse allow nothing; the runtime's
     /// callers validate them with [`HttpHost::parse`] first).
-    pub(crate) fn new(hosts: &[String], call_timeout: Duration) -> HttpHooks {
+    pub(crate) fn new(hosts: &[String], deadline: CallDeadline) -> HttpHooks {
         let allow = hosts
             .iter()
             .filter_map(|h| match HttpHost::parse(h) {
@@ -101,13 +110,34 @@ impl HttpHooks {
             .collect();
         HttpHooks {
             allow,
-            deadline: Instant::now() + call_timeout,
+            deadline,
+            sent: 0,
         }
     }
 
-    /// Sets the deadline of the call that starts now.
-    pub(crate) fn start_call(&mut self, call_timeout: Duration) {
-        self.deadline = Instant::now() + call_timeout;
+    /// A call (or a key of a batched call) starts: it may send its own requests.
+    pub(crate) fn start_call(&mut self) {
+        self.sent = 0;
+    }
+
+    /// Whether a request may go to `ip`, an address the request's host name resolved to (or
+    /// its literal address). Addresses inside this machine or its private networks
+    /// (loopback, private, link-local, unique-local, unspecified, shared, multicast) are
+    /// refused unless an allow-list entry names that very address with the request's port,
+    /// so a granted name that resolves (or is re-pointed) to an internal address reaches
+    /// nothing inside.
+    fn allows_address(&self, ip: IpAddr, port: u16) -> bool {
+        if !is_internal(ip) {
+            return true;
+        }
+        self.allow.iter().any(|h| {
+            h.host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse::<IpAddr>()
+                == Ok(ip)
+                && h.port.is_none_or(|p| p == port)
+        })
     }
 
     fn allows(&self, scheme: Option<&Scheme>, authority: Option<&Authority>) -> bool {
@@ -149,7 +179,27 @@ impl WasiHttpHooks for HttpHooks {
             tracing::debug!(%uri, "outbound HTTP request denied: host not on the allow-list");
             return Box::new(async { Err(Error::HttpRequestDenied) });
         }
-        let deadline = self.deadline;
+        if self.sent >= MAX_REQUESTS_PER_CALL {
+            tracing::debug!(%uri, "outbound HTTP request denied: too many requests in one call");
+            return Box::new(async { Err(Error::ConnectionLimitReached) });
+        }
+        self.sent += 1;
+        let default_port = if uri.scheme() == Some(&Scheme::HTTPS) {
+            443
+        } else {
+            80
+        };
+        let authority = uri.authority().expect("checked by allows");
+        let port = authority.port_u16().unwrap_or(default_port);
+        let host = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+        let allowed_addresses = AddressCheck {
+            hooks: self.allow.clone(),
+        };
+        let deadline = self.deadline.at();
         let remaining = deadline.saturating_duration_since(Instant::now());
         let bound = |asked: Option<Duration>| Some(asked.map_or(remaining, |d| d.min(remaining)));
         let options = RequestOptions {
@@ -159,6 +209,32 @@ impl WasiHttpHooks for HttpHooks {
         };
         Box::new(async move {
             let deadline = tokio::time::Instant::from_std(deadline);
+            // Check where the name points now, not only the name.
+            let addresses: Vec<IpAddr> = match host.parse::<IpAddr>() {
+                Ok(ip) => vec![ip],
+                Err(_) => match tokio::time::timeout_at(
+                    deadline,
+                    tokio::net::lookup_host((host.as_str(), port)),
+                )
+                .await
+                {
+                    Ok(Ok(found)) => found.map(|a| a.ip()).collect(),
+                    Ok(Err(e)) => {
+                        return Err(Error::DnsError {
+                            rcode: Some(e.to_string().chars().take(200).collect()),
+                            info_code: None,
+                        });
+                    }
+                    Err(_) => return Err(Error::DnsTimeout),
+                },
+            };
+            if let Some(ip) = addresses
+                .iter()
+                .find(|ip| !allowed_addresses.allows(**ip, port))
+            {
+                tracing::debug!(%host, %ip, "outbound HTTP request denied: the host resolves to an internal address");
+                return Err(Error::DestinationIpProhibited);
+            }
             let sent = tokio::time::timeout_at(
                 deadline,
                 wasmtime_wasi_http::default_send_request(request, Some(options)),
@@ -186,6 +262,59 @@ impl WasiHttpHooks for HttpHooks {
                 Box::new(connection) as Box<dyn Future<Output = Result<(), Error>> + Send>,
             ))
         })
+    }
+}
+
+/// The address half of the allow-list check, carried into the request's future.
+struct AddressCheck {
+    hooks: Arc<[HttpHost]>,
+}
+
+impl AddressCheck {
+    fn allows(&self, ip: IpAddr, port: u16) -> bool {
+        HttpHooks {
+            allow: self.hooks.clone(),
+            deadline: CallDeadline::default(),
+            sent: 0,
+        }
+        .allows_address(ip, port)
+    }
+}
+
+/// Whether `ip` is an address of this machine or of a private or special-purpose network
+/// rather than of the public internet.
+fn is_internal(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            let [a, b, ..] = v4.octets();
+            v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_broadcast()
+                || v4.is_multicast()
+                || v4.is_documentation()
+                || a == 0
+                // Shared address space (carrier-grade NAT), 100.64.0.0/10.
+                || (a == 100 && (64..128).contains(&b))
+                // IETF protocol assignments, 192.0.0.0/24.
+                || (a == 192 && b == 0 && v4.octets()[2] == 0)
+                // Benchmarking, 198.18.0.0/15; reserved, 240.0.0.0/4.
+                || (a == 198 && (18..20).contains(&b))
+                || a >= 240
+        }
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return is_internal(IpAddr::V4(v4));
+            }
+            let first = v6.segments()[0];
+            v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_multicast()
+                // Unique local fc00::/7 and link-local fe80::/10.
+                || (first & 0xfe00) == 0xfc00
+                || (first & 0xffc0) == 0xfe80
+        }
     }
 }
 
@@ -227,7 +356,7 @@ mod tests {
 
     fn hooks(hosts: &[&str]) -> HttpHooks {
         let hosts: Vec<String> = hosts.iter().map(|h| (*h).to_owned()).collect();
-        HttpHooks::new(&hosts, Duration::from_secs(1))
+        HttpHooks::new(&hosts, CallDeadline::default())
     }
 
     fn allows(hooks: &HttpHooks, url: &str) -> bool {
@@ -268,5 +397,34 @@ mod tests {
         let p = hooks(&["example.com:443"]);
         assert!(allows(&p, "https://example.com/"));
         assert!(!allows(&p, "http://example.com/"));
+    }
+
+    #[test]
+    fn internal_addresses_need_a_grant_that_names_them() {
+        let h = hooks(&["api.example.com", "127.0.0.1:8080", "[::1]"]);
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        // A public address is fine for any granted name.
+        assert!(h.allows_address(ip("93.184.216.34"), 443));
+        assert!(h.allows_address(ip("2606:2800:220:1::1"), 443));
+        // Internal addresses only where the grant names that address (and port).
+        assert!(h.allows_address(ip("127.0.0.1"), 8080));
+        assert!(!h.allows_address(ip("127.0.0.1"), 8081));
+        assert!(h.allows_address(ip("::1"), 9));
+        for internal in [
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "0.0.0.0",
+            "100.64.0.1",
+            "127.0.0.2",
+            "fd00::1",
+            "fe80::1",
+            "::ffff:10.0.0.1",
+            "::",
+        ] {
+            assert!(is_internal(ip(internal)), "{internal}");
+            assert!(!h.allows_address(ip(internal), 80), "{internal}");
+        }
     }
 }

@@ -13,6 +13,7 @@
 
 mod bindings;
 pub mod catalog;
+mod driver;
 mod host;
 mod http;
 mod positional;
@@ -33,10 +34,42 @@ use crate::bindings::exports::statebox::processor::batch_processor as batch_gues
 use crate::bindings::exports::statebox::processor::processor as guest;
 pub use crate::bindings::statebox::processor::types::TimeMode;
 use crate::catalog::Catalog;
+use crate::driver::Driver;
 use crate::host::HostState;
 pub use crate::http::HttpHost;
-pub use crate::sandbox::Limits;
+pub use crate::sandbox::{CpuBudget, Limits, thread_cpu_ns};
 
+/// Runs one export call of an [`Instance`] under its deadline and sandbox:
+/// `|bindings, store| future` is the generated `call_*` of the export. Evaluates to
+/// `Result<R, CallError>`, `R` being what the export returns.
+macro_rules! guest_invoke {
+    ($instance:expr, $function:expr, $key:expr, |$b:ident, $s:ident| $call:expr) => {{
+        let instance: &mut Instance = &mut $instance;
+        let (function, key) = ($function, $key);
+        match instance.start_invoke(function, key) {
+            Err(e) => Err(e),
+            Ok(()) => {
+                let $b = &instance.bindings;
+                let $s = &mut instance.store;
+                let outcome = instance.driver.run($call);
+                instance.finish_invoke(function, key, outcome)
+            }
+        }
+    }};
+}
+
+/// Like [`guest_invoke!`], for exports that return `result<T, processor-error>`: the
+/// processor's error becomes a [`CallError`] too.
+macro_rules! guest_call {
+    ($instance:expr, $function:expr, $key:expr, |$b:ident, $s:ident| $call:expr) => {{
+        let (function, key) = ($function, $key);
+        match guest_invoke!($instance, function, key, |$b, $s| $call) {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err($instance.guest_error(function, key, e)),
+            Err(e) => Err(e),
+        }
+    }};
+}
 /// The fully qualified name of the world every processor must implement.
 pub const WORLD: &str = "statebox:processor/stateful-processor@0.1.0";
 /// The world of processors that also take many keys per call (`batch-processor`).
@@ -158,7 +191,32 @@ pub struct Runtime {
     engine: Engine,
     linker: Linker<HostState>,
     config: RuntimeConfig,
+    tokio: Arc<TokioRuntime>,
     _ticker: sandbox::EpochTicker,
+}
+
+/// The tokio runtime guest calls are driven on: its timers bound guests blocked in host
+/// calls, and its worker drives outbound HTTP connections. Shared by every processor and
+/// instance of a [`Runtime`], and shut down without blocking when the last one goes (it may
+/// be dropped inside another runtime, e.g. the server's).
+struct TokioRuntime(Option<tokio::runtime::Runtime>);
+
+impl TokioRuntime {
+    fn handle(&self) -> tokio::runtime::Handle {
+        self.0
+            .as_ref()
+            .expect("runtime present until drop")
+            .handle()
+            .clone()
+    }
+}
+
+impl Drop for TokioRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 impl Runtime {
@@ -167,16 +225,30 @@ impl Runtime {
     pub fn new(config: RuntimeConfig) -> anyhow::Result<Runtime> {
         let engine = sandbox::engine()?;
         let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+        // The guest's clocks are virtual, and so are their pollables: a sleep takes no real
+        // time (wasmtime-wasi's monotonic clock, linked above, would wait in real time).
+        linker.allow_shadowing(true);
+        wasmtime_wasi::p2::bindings::clocks::monotonic_clock::add_to_linker::<
+            HostState,
+            HasSelf<HostState>,
+        >(&mut linker, |s| s)?;
+        linker.allow_shadowing(false);
         // Always linked, so a processor that imports wasi:http loads; every request is
         // checked against the processor's allow-list (`Limits::http_hosts`, empty by default).
-        wasmtime_wasi_http::p2::add_only_http_to_linker_sync(&mut linker)?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
         StatefulBatchProcessor::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
+        let tokio = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("statebox-io")
+            .enable_all()
+            .build()?;
         let ticker = sandbox::EpochTicker::start(engine.clone());
         Ok(Runtime {
             engine,
             linker,
             config,
+            tokio: Arc::new(TokioRuntime(Some(tokio))),
             _ticker: ticker,
         })
     }
@@ -213,7 +285,7 @@ impl Runtime {
                  (processors may import only world {WORLD} and WASI): {e:#}"
             ))
         })?;
-        let mut pre = ExportsPre::new(instance_pre)?;
+        let mut pre = ExportsPre::new(instance_pre, self.tokio.clone())?;
         if self.config.per_key_calls {
             pre.batch = None;
         }
@@ -288,6 +360,7 @@ struct ExportsPre {
     instance: InstancePre<HostState>,
     processor: guest::GuestIndices,
     batch: Option<batch_guest::GuestIndices>,
+    tokio: Arc<TokioRuntime>,
 }
 
 /// A live instance's exports.
@@ -297,7 +370,10 @@ struct Exports {
 }
 
 impl ExportsPre {
-    fn new(instance: InstancePre<HostState>) -> Result<ExportsPre, LoadError> {
+    fn new(
+        instance: InstancePre<HostState>,
+        tokio: Arc<TokioRuntime>,
+    ) -> Result<ExportsPre, LoadError> {
         let processor = guest::GuestIndices::new(&instance).map_err(|e| {
             LoadError::Invalid(format!("it does not implement world {WORLD}: {e:#}"))
         })?;
@@ -318,11 +394,20 @@ impl ExportsPre {
             instance,
             processor,
             batch,
+            tokio,
         })
     }
 
-    fn instantiate(&self, store: &mut Store<HostState>) -> anyhow::Result<Exports> {
-        let instance = self.instance.instantiate(&mut *store)?;
+    /// Instantiates the component in `store` (its start functions run under the store's
+    /// deadline, like any call).
+    fn instantiate(
+        &self,
+        store: &mut Store<HostState>,
+        driver: &Driver,
+    ) -> anyhow::Result<Exports> {
+        let instance = driver
+            .run(self.instance.instantiate_async(&mut *store))
+            .ok_or_else(|| anyhow::anyhow!("instantiation waited past its deadline"))??;
         let processor = self.processor.load(&mut *store, &instance)?;
         let batch = match &self.batch {
             Some(indices) => Some(indices.load(&mut *store, &instance)?),
@@ -386,12 +471,17 @@ impl Processor {
         self.pre.batch.is_some()
     }
 
+    /// The limits every call of the processor runs under.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
     /// The content hash (BLAKE3, hex) of the component.
     pub fn hash(&self) -> &str {
         &self.hash
     }
 
-    fn new_store(&self, config: &InstanceConfig) -> anyhow::Result<(Store<HostState>, Exports)> {
+    fn new_store(&self, config: &InstanceConfig) -> anyhow::Result<(Store<HostState>, Live)> {
         new_store(&self.pre, &self.limits, &self.info.name, config)
     }
 
@@ -405,7 +495,7 @@ impl Processor {
         catalog: &Catalog,
     ) -> Result<catalog::Described, CallError> {
         let config = InstanceConfig::detached(time_mode);
-        let (mut store, bindings) = self.new_store(&config).map_err(|e| CallError {
+        let (mut store, live) = self.new_store(&config).map_err(|e| CallError {
             processor: self.info.name.clone(),
             function: Function::Init,
             key: None,
@@ -415,15 +505,16 @@ impl Processor {
         store.data_mut().begin_init();
         let mut instance = Instance {
             store,
-            bindings,
+            bindings: live.exports,
+            driver: live.driver,
             info: self.info.clone(),
             poisoned: false,
             event_time_column: None,
             positional: false,
         };
-        let result = instance.call(Function::Init, None, |b, s| {
-            b.processor.call_init(s, time_mode)
-        });
+        let result = guest_call!(instance, Function::Init, None, |b, s| b
+            .processor
+            .call_init(s, time_mode));
         instance.store.data_mut().end_call();
         let mut described = instance.store.data_mut().take_described();
         match result {
@@ -443,7 +534,7 @@ impl Processor {
             key: None,
             kind,
         };
-        let (store, bindings) = self
+        let (store, live) = self
             .new_store(&config)
             .map_err(|e| err(CallErrorKind::Trap(format!("instantiation failed: {e:#}"))))?;
         let event_time_column = match config.time_mode {
@@ -455,7 +546,8 @@ impl Processor {
         };
         let mut instance = Instance {
             store,
-            bindings,
+            bindings: live.exports,
+            driver: live.driver,
             info: self.info.clone(),
             poisoned: false,
             event_time_column,
@@ -463,13 +555,19 @@ impl Processor {
         };
         instance.store.data_mut().begin_init();
         let time_mode = config.time_mode;
-        let result = instance.call(Function::Init, None, |b, s| {
-            b.processor.call_init(s, time_mode)
-        });
+        let result = guest_call!(instance, Function::Init, None, |b, s| b
+            .processor
+            .call_init(s, time_mode));
         instance.store.data_mut().end_call();
         result?;
         Ok(instance)
     }
+}
+
+/// A live instance's exports and the driver of its calls.
+struct Live {
+    exports: Exports,
+    driver: Driver,
 }
 
 /// A fresh store with the sandbox applied, and the instantiated component in it.
@@ -478,54 +576,88 @@ fn new_store(
     limits: &Limits,
     name: &str,
     config: &InstanceConfig,
-) -> anyhow::Result<(Store<HostState>, Exports)> {
+) -> anyhow::Result<(Store<HostState>, Live)> {
     let host = HostState::new(
         name.to_owned(),
         config.clone(),
         limits,
         ResourceTable::new(),
     );
+    let driver = Driver::new(pre.tokio.handle(), host.deadline().clone());
     let mut store = Store::new(pre.instance.engine(), host);
     store.limiter(|s| &mut s.limits);
+    // What the host copies out of the guest in one transfer (an import's arguments, an
+    // export's results) is bounded by the instance's own memory limit: a list whose strings
+    // all alias one buffer is charged for every copy, and traps once past the bound, before
+    // the host allocates it.
+    store.set_hostcall_fuel(limits.memory_bytes.max(1 << 20));
     store.epoch_deadline_callback(extend_deadline);
     store.set_epoch_deadline(limits.deadline_ticks());
-    let bindings = pre.instantiate(&mut store)?;
-    Ok((store, bindings))
+    store.data_mut().start_call_deadline();
+    let exports = pre.instantiate(&mut store, &driver)?;
+    Ok((store, Live { exports, driver }))
 }
 
-/// The CPU deadline passed. A call traps then, unless it is a batched call that selected a
-/// key for the first time within the last budget: every key of a batched call gets a full
-/// budget from when it is first selected, so batching never shortens a key's allowance,
-/// while a loop that selects no new key is stopped one budget after the last new key.
+/// The CPU deadline passed, or it is time to check the shared batch budget. A call traps
+/// once its deadline passed: every key of a batched call gets a full budget from when it is
+/// first selected (the store moves the deadline), so batching never shortens a key's
+/// allowance, while a loop that selects no new key is stopped one budget after the last new
+/// key. A shared batch budget ([`Limits::batch_cpu`]) binds across keys: it is checked every
+/// [`sandbox::BUDGET_CHECK`] while the call runs.
 fn extend_deadline(
     store: wasmtime::StoreContextMut<'_, HostState>,
 ) -> wasmtime::Result<UpdateDeadline> {
     let host = store.data();
-    let budget = host.call_timeout();
-    if let Some(at) = host.deadline_refreshed_at() {
-        let left = budget.saturating_sub(at.elapsed());
-        let ticks = (left.as_millis() / EPOCH_TICK.as_millis()) as u64;
-        if ticks > 0 {
-            return Ok(UpdateDeadline::Continue(ticks));
-        }
+    if host.batch_budget_exceeded() {
+        return Err(wasmtime::Error::msg(BatchBudgetExceeded));
+    }
+    let mut left = host.deadline().left();
+    if host.batch_budget().is_some() {
+        left = left.min(sandbox::BUDGET_CHECK);
+    }
+    let ticks = (left.as_millis() / EPOCH_TICK.as_millis()) as u64;
+    if ticks > 0 {
+        return Ok(UpdateDeadline::Continue(ticks));
     }
     Err(wasmtime::Trap::Interrupt.into())
+}
+
+/// A call stopped because the shared batch CPU budget was used up.
+#[derive(Debug)]
+pub(crate) struct BatchBudgetExceeded;
+
+impl fmt::Display for BatchBudgetExceeded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the batch used up its CPU budget")
+    }
 }
 
 /// Calls a freshly instantiated component's `describe` and parses its schemas; also asks a
 /// batched processor whether it takes rows by position.
 fn describe(pre: &ExportsPre, limits: &Limits) -> Result<(ProcessorInfo, bool), LoadError> {
     let config = InstanceConfig::detached(TimeMode::None);
-    let (mut store, bindings) =
+    let (mut store, live) =
         new_store(pre, limits, "", &config).map_err(|e| LoadError::Describe(format!("{e:#}")))?;
-    let raw = bindings
-        .processor
-        .call_describe(&mut store)
+    let waited = || {
+        LoadError::Describe(format!(
+            "it waited in a host call past the time limit of {:?} per call",
+            limits.call_timeout
+        ))
+    };
+    store.data_mut().start_call_deadline();
+    let raw = live
+        .driver
+        .run(live.exports.processor.call_describe(&mut store))
+        .ok_or_else(waited)?
         .map_err(|e| LoadError::Describe(sandbox::describe_trap(&e, &store)))?;
-    let positional = match &bindings.batch {
-        Some(batch) => batch
-            .call_positional_rows(&mut store)
-            .map_err(|e| LoadError::Describe(sandbox::describe_trap(&e, &store)))?,
+    let positional = match &live.exports.batch {
+        Some(batch) => {
+            store.data_mut().start_call_deadline();
+            live.driver
+                .run(batch.call_positional_rows(&mut store))
+                .ok_or_else(waited)?
+                .map_err(|e| LoadError::Describe(sandbox::describe_trap(&e, &store)))?
+        }
         None => false,
     };
     let parse = |what: &str, ddl: &str| {
@@ -560,6 +692,7 @@ pub struct BatchTimes {
 pub struct Instance {
     store: Store<HostState>,
     bindings: Exports,
+    driver: Driver,
     info: Arc<ProcessorInfo>,
     poisoned: bool,
     /// The output event-time column checked against the watermark, in event-time mode.
@@ -611,9 +744,9 @@ impl Instance {
     ) -> Result<Vec<String>, CallError> {
         self.store.data_mut().begin_call(key);
         let tv = self.store.data().timer_values();
-        let result = self.call(Function::HandleInputRows, Some(key), |b, s| {
-            b.processor.call_handle_input_rows(s, key, rows, tv)
-        });
+        let result = guest_call!(*self, Function::HandleInputRows, Some(key), |b, s| b
+            .processor
+            .call_handle_input_rows(s, key, rows, tv));
         self.store.data_mut().end_call();
         self.check_output(Function::HandleInputRows, key, result?)
     }
@@ -629,9 +762,9 @@ impl Instance {
         let info = guest::ExpiredTimerInfo {
             expiry_time_ms: expiry_ms,
         };
-        let result = self.call(Function::HandleExpiredTimer, Some(key), |b, s| {
-            b.processor.call_handle_expired_timer(s, key, tv, info)
-        });
+        let result = guest_call!(*self, Function::HandleExpiredTimer, Some(key), |b, s| b
+            .processor
+            .call_handle_expired_timer(s, key, tv, info));
         self.store.data_mut().end_call();
         self.check_output(Function::HandleExpiredTimer, key, result?)
     }
@@ -676,10 +809,13 @@ impl Instance {
             }
         };
         let keys = groups.iter().map(|g| g.key).collect::<Vec<_>>();
-        self.batch_call(Function::HandleInputRows, &keys, |b, s, tv| {
-            let batch = b.batch.as_ref().expect("checked by is_batched");
-            batch.call_handle_input_batch(s, &entries, columns.as_deref(), tv)
-        })
+        let tv = self.open_batch_call(&keys);
+        let result = guest_invoke!(*self, Function::HandleInputRows, None, |b, s| b
+            .batch
+            .as_ref()
+            .expect("checked by is_batched")
+            .call_handle_input_batch(s, &entries, columns.as_deref(), tv));
+        self.close_batch_call(Function::HandleInputRows, &keys, result)
     }
 
     /// Handles one expired timer of each of several keys (`(key, expiry)`, each key at most
@@ -701,30 +837,32 @@ impl Instance {
             })
             .collect();
         let keys = timers.iter().map(|t| t.0).collect::<Vec<_>>();
-        self.batch_call(Function::HandleExpiredTimer, &keys, |b, s, tv| {
-            let batch = b.batch.as_ref().expect("checked by is_batched");
-            batch.call_handle_expired_timers(s, &entries, tv)
-        })
+        let tv = self.open_batch_call(&keys);
+        let result = guest_invoke!(*self, Function::HandleExpiredTimer, None, |b, s| b
+            .batch
+            .as_ref()
+            .expect("checked by is_batched")
+            .call_handle_expired_timers(s, &entries, tv));
+        self.close_batch_call(Function::HandleExpiredTimer, &keys, result)
     }
 
-    /// Runs one batched export call over entries with `keys`, and checks each entry's
-    /// output. A failure is attributed to the entry the guest names, or for a trap to the
-    /// entry it had selected.
-    fn batch_call(
-        &mut self,
-        function: Function,
-        keys: &[&str],
-        f: impl FnOnce(
-            &Exports,
-            &mut Store<HostState>,
-            guest::TimerValues,
-        ) -> wasmtime::Result<Result<Vec<Vec<String>>, batch_guest::BatchError>>,
-    ) -> Result<Vec<Vec<String>>, BatchFailure> {
+    /// Starts a batched export call over entries with `keys`; returns its timer values.
+    fn open_batch_call(&mut self, keys: &[&str]) -> guest::TimerValues {
         self.store
             .data_mut()
             .begin_batch_call(keys.iter().map(|k| (*k).to_owned()).collect());
-        let tv = self.store.data().timer_values();
-        let result = self.invoke(function, None, |b, s| f(b, s, tv));
+        self.store.data().timer_values()
+    }
+
+    /// Ends a batched export call over entries with `keys`, and checks each entry's
+    /// output. A failure is attributed to the entry the guest names, or for a trap to the
+    /// entry it had selected.
+    fn close_batch_call(
+        &mut self,
+        function: Function,
+        keys: &[&str],
+        result: Result<Result<Vec<Vec<String>>, batch_guest::BatchError>, CallError>,
+    ) -> Result<Vec<Vec<String>>, BatchFailure> {
         let selected = self.store.data().selected_entry();
         self.store.data_mut().end_call();
         let at = |entry: Option<usize>, error| BatchFailure { entry, error };
@@ -773,12 +911,14 @@ impl Instance {
                 ),
             ));
         }
+        // The output limit binds the whole call, however many entries it has.
+        let mut left = self.store.data().output_limit();
         outputs
             .into_iter()
             .zip(keys)
             .enumerate()
             .map(|(i, (rows, key))| {
-                self.check_output(function, key, rows)
+                self.check_rows(function, key, rows, &mut left)
                     .map_err(|e| at(Some(i), e))
             })
             .collect()
@@ -788,9 +928,9 @@ impl Instance {
     pub fn handle_initial_state(&mut self, key: &str, row: &str) -> Result<(), CallError> {
         self.store.data_mut().begin_call(key);
         let tv = self.store.data().timer_values();
-        let result = self.call(Function::HandleInitialState, Some(key), |b, s| {
-            b.processor.call_handle_initial_state(s, key, row, tv)
-        });
+        let result = guest_call!(*self, Function::HandleInitialState, Some(key), |b, s| b
+            .processor
+            .call_handle_initial_state(s, key, row, tv));
         self.store.data_mut().end_call();
         result.map(|_| ())
     }
@@ -801,7 +941,9 @@ impl Instance {
             return Ok(());
         }
         self.store.data_mut().begin_close();
-        let result = self.call(Function::Close, None, |b, s| b.processor.call_close(s));
+        let result = guest_call!(self, Function::Close, None, |b, s| b
+            .processor
+            .call_close(s));
         self.store.data_mut().end_call();
         result
     }
@@ -812,13 +954,24 @@ impl Instance {
         &self,
         function: Function,
         key: &str,
+        rows: Vec<String>,
+    ) -> Result<Vec<String>, CallError> {
+        let mut left = self.store.data().output_limit();
+        self.check_rows(function, key, rows, &mut left)
+    }
+
+    /// [`check_output`](Self::check_output) for one entry of a call that may emit `left`
+    /// more bytes.
+    fn check_rows(
+        &self,
+        function: Function,
+        key: &str,
         mut rows: Vec<String>,
+        left: &mut usize,
     ) -> Result<Vec<String>, CallError> {
         let limit = self.store.data().output_limit();
-        let mut bytes = 0usize;
         for row in &mut rows {
-            bytes += row.len();
-            if bytes > limit {
+            if row.len() > *left {
                 return Err(self.error(
                     function,
                     Some(key),
@@ -827,6 +980,7 @@ impl Instance {
                     )),
                 ));
             }
+            *left -= row.len();
             if let Err(e) = self
                 .info
                 .output_schema
@@ -884,30 +1038,8 @@ impl Instance {
         self.error(function, key, kind)
     }
 
-    /// Runs one export call that returns `Result<T, processor-error>`.
-    fn call<T>(
-        &mut self,
-        function: Function,
-        key: Option<&str>,
-        f: impl FnOnce(
-            &Exports,
-            &mut Store<HostState>,
-        ) -> wasmtime::Result<Result<T, guest::ProcessorError>>,
-    ) -> Result<T, CallError> {
-        match self.invoke(function, key, f)? {
-            Ok(v) => Ok(v),
-            Err(e) => Err(self.guest_error(function, key, e)),
-        }
-    }
-
-    /// Runs one export call under the CPU deadline; a trap poisons the instance and becomes
-    /// a [`CallError`].
-    fn invoke<R>(
-        &mut self,
-        function: Function,
-        key: Option<&str>,
-        f: impl FnOnce(&Exports, &mut Store<HostState>) -> wasmtime::Result<R>,
-    ) -> Result<R, CallError> {
+    /// Starts an export call: refuses a poisoned instance, starts the call's deadline.
+    fn start_invoke(&mut self, function: Function, key: Option<&str>) -> Result<(), CallError> {
         if self.poisoned {
             return Err(self.error(
                 function,
@@ -918,17 +1050,47 @@ impl Instance {
         let ticks = self.store.data().deadline_ticks();
         self.store.set_epoch_deadline(ticks);
         self.store.data_mut().start_call_deadline();
-        match f(&self.bindings, &mut self.store) {
-            Ok(v) => Ok(v),
-            Err(trap) => {
+        Ok(())
+    }
+
+    /// Ends an export call: a trap, or a guest abandoned while it waited in a host call
+    /// (`None`), poisons the instance and becomes a [`CallError`].
+    fn finish_invoke<R>(
+        &mut self,
+        function: Function,
+        key: Option<&str>,
+        outcome: Option<wasmtime::Result<R>>,
+    ) -> Result<R, CallError> {
+        let trap = match outcome {
+            Some(Ok(v)) => return Ok(v),
+            Some(Err(trap)) => trap,
+            None => {
                 self.poisoned = true;
-                let kind = match self.store.data_mut().take_internal_error() {
-                    Some(e) => CallErrorKind::Internal(e),
-                    None => CallErrorKind::Trap(sandbox::describe_trap(&trap, &self.store)),
-                };
-                Err(self.error(function, key, kind))
+                let reason = format!(
+                    "waited in a host call (a sleep, poll or stream) past the time limit of \
+                     {:?} per call",
+                    self.store.data().call_timeout()
+                );
+                return Err(self.error(function, key, CallErrorKind::Trap(reason)));
             }
-        }
+        };
+        self.poisoned = true;
+        let host = self.store.data_mut();
+        let kind = match host.take_internal_error() {
+            Some(e) => CallErrorKind::Internal(e),
+            None => match (
+                trap.downcast_ref::<BatchBudgetExceeded>(),
+                host.batch_budget(),
+            ) {
+                (Some(_), Some(budget)) => CallErrorKind::Trap(format!(
+                    "the batch used {} ms of CPU, more than its budget of {} ms",
+                    budget.used_ns() / 1_000_000,
+                    budget.limit_ns() / 1_000_000
+                )),
+                _ => CallErrorKind::Trap(sandbox::describe_trap(&trap, &self.store)),
+            },
+        };
+        Err(self.error(function, key, kind))
     }
 }
 

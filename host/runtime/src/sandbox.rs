@@ -3,9 +3,10 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use wasmtime::{Engine, Store, Trap};
 
@@ -27,6 +28,14 @@ pub struct Limits {
     /// An allowed request is bounded by the call's deadline ([`call_timeout`](Self::call_timeout)).
     /// Replays are deterministic only as far as the services called are.
     pub http_hosts: Vec<String>,
+    /// A CPU budget shared with other instances (a multi-tenant host's per-batch budget of
+    /// a pipeline): a call that takes it past its limit traps inside the call, however many
+    /// keys a batched call has left. `None`, the default: no budget beyond the per-call one.
+    pub batch_cpu: Option<Arc<CpuBudget>>,
+    /// Most bytes of state values (and map keys) one instance may write in one batch: the
+    /// partition's overlay holds them in host memory until the commit. Past it, writes
+    /// return the WIT error `limit-exceeded`.
+    pub state_bytes_per_batch: usize,
 }
 
 impl Default for Limits {
@@ -36,6 +45,8 @@ impl Default for Limits {
             memory_bytes: 256 << 20,
             output_bytes_per_call: 16 << 20,
             http_hosts: Vec::new(),
+            batch_cpu: None,
+            state_bytes_per_batch: 1 << 30,
         }
     }
 }
@@ -45,6 +56,106 @@ impl Limits {
     pub(crate) fn deadline_ticks(&self) -> u64 {
         (self.call_timeout.as_millis() / EPOCH_TICK.as_millis()).max(1) as u64
     }
+}
+
+/// How long a call blocked in a host wait (`wasi:io/poll`, a stream, an HTTP response) may
+/// outlive its deadline before the host gives up on it: the wall-clock margin of the bound
+/// "every call ends within its CPU deadline plus a small margin".
+pub(crate) const BLOCKED_CALL_MARGIN: Duration = Duration::from_millis(100);
+
+/// The wall-clock deadline of the call in progress. The store moves it (each key of a
+/// batched call gets a budget from its first selection); the thread driving the call reads
+/// it to give up on a guest blocked in a host call, which epoch interruption cannot stop.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct CallDeadline(Arc<AtomicU64>);
+
+impl CallDeadline {
+    /// All deadlines are kept as nanoseconds since this instant.
+    fn origin() -> Instant {
+        static ORIGIN: OnceLock<Instant> = OnceLock::new();
+        *ORIGIN.get_or_init(Instant::now)
+    }
+
+    /// Sets the deadline to `budget` from now.
+    pub(crate) fn start(&self, budget: Duration) {
+        let at = Self::origin().elapsed().saturating_add(budget);
+        let nanos = u64::try_from(at.as_nanos()).unwrap_or(u64::MAX);
+        self.0.store(nanos, Ordering::Relaxed);
+    }
+
+    /// When the call's time runs out.
+    pub(crate) fn at(&self) -> Instant {
+        Self::origin() + Duration::from_nanos(self.0.load(Ordering::Relaxed))
+    }
+
+    /// What is left of the call's time (zero once it passed).
+    pub(crate) fn left(&self) -> Duration {
+        self.at().saturating_duration_since(Instant::now())
+    }
+}
+
+/// A CPU budget shared by many calls, e.g. every partition of one batch of a pipeline.
+/// Finished calls [`charge`](Self::charge) it; a running call checks it (with its own CPU
+/// time so far) every [`BUDGET_CHECK`] and traps once the total passes the limit.
+#[derive(Debug)]
+pub struct CpuBudget {
+    used_ns: AtomicU64,
+    limit_ns: u64,
+}
+
+/// How often a running call compares itself with a shared [`CpuBudget`].
+pub(crate) const BUDGET_CHECK: Duration = Duration::from_millis(50);
+
+impl CpuBudget {
+    /// A budget of `limit` CPU time, none of it used.
+    pub fn new(limit: Duration) -> CpuBudget {
+        CpuBudget {
+            used_ns: AtomicU64::new(0),
+            limit_ns: u64::try_from(limit.as_nanos()).unwrap_or(u64::MAX),
+        }
+    }
+
+    /// Starts over (a new batch).
+    pub fn reset(&self) {
+        self.used_ns.store(0, Ordering::Relaxed);
+    }
+
+    /// Adds the CPU time of a finished call.
+    pub fn charge(&self, ns: u64) {
+        self.used_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// CPU time charged so far, in nanoseconds.
+    pub fn used_ns(&self) -> u64 {
+        self.used_ns.load(Ordering::Relaxed)
+    }
+
+    /// The limit, in nanoseconds.
+    pub fn limit_ns(&self) -> u64 {
+        self.limit_ns
+    }
+
+    /// Whether the budget is used up once `running_ns` more (a call in progress) is added.
+    pub fn exceeded_with(&self, running_ns: u64) -> bool {
+        self.used_ns().saturating_add(running_ns) > self.limit_ns
+    }
+}
+
+/// The calling thread's CPU time, in nanoseconds (0 if the clock cannot be read).
+pub fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_THREAD_CPUTIME_ID is supported on
+    // every Linux the host runs on, and on failure `ts` stays zero.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
 }
 
 /// The wasmtime engine every processor runs on.
@@ -142,31 +253,78 @@ pub(crate) fn describe_trap(err: &wasmtime::Error, store: &Store<HostState>) -> 
 }
 
 /// The guest's wall and monotonic clock: the batch timestamp, never the host's real time,
-/// so a replayed batch sees exactly what the first run saw.
+/// so a replayed batch sees exactly what the first run saw. Waiting on a `wasi:clocks`
+/// pollable takes no real time: it is ready at once and moves this clock to its deadline
+/// (see [`VirtualTimer`]), so a guest that sleeps sees the time it slept pass, and a replay
+/// sees the same times.
 #[derive(Clone, Default)]
-pub(crate) struct VirtualClock(Arc<AtomicI64>);
+pub(crate) struct VirtualClock(Arc<AtomicU64>);
 
 impl VirtualClock {
+    /// Sets the clock to `ms` since the Unix epoch (calls start at the batch timestamp).
     pub(crate) fn set_ms(&self, ms: i64) {
-        self.0.store(ms.max(0), Ordering::Relaxed);
+        let nanos = (ms.max(0) as u64).saturating_mul(1_000_000);
+        self.0.store(nanos, Ordering::Relaxed);
+    }
+
+    fn nanos(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// Moves the clock forward to `nanos`, never back.
+    fn advance_to(&self, nanos: u64) {
+        self.0.fetch_max(nanos, Ordering::Relaxed);
+    }
+
+    /// A pollable that is ready at once and moves the clock to `nanos` when waited on.
+    pub(crate) fn timer_at(&self, nanos: u64) -> VirtualTimer {
+        VirtualTimer {
+            clock: self.clone(),
+            at_nanos: nanos,
+        }
+    }
+
+    /// Like [`timer_at`](Self::timer_at), `nanos` from now.
+    pub(crate) fn timer_in(&self, nanos: u64) -> VirtualTimer {
+        self.timer_at(self.nanos().saturating_add(nanos))
+    }
+
+    pub(crate) fn monotonic_now(&self) -> u64 {
+        self.nanos()
     }
 }
 
 impl wasmtime_wasi::HostWallClock for VirtualClock {
     fn resolution(&self) -> Duration {
-        Duration::from_millis(1)
+        Duration::from_nanos(1)
     }
     fn now(&self) -> Duration {
-        Duration::from_millis(self.0.load(Ordering::Relaxed) as u64)
+        Duration::from_nanos(self.nanos())
     }
 }
 
 impl wasmtime_wasi::HostMonotonicClock for VirtualClock {
     fn resolution(&self) -> u64 {
-        1_000_000
+        1
     }
     fn now(&self) -> u64 {
-        (self.0.load(Ordering::Relaxed) as u64).saturating_mul(1_000_000)
+        self.nanos()
+    }
+}
+
+/// A `wasi:clocks` pollable on the virtual clock (what `subscribe-instant` and
+/// `subscribe-duration` return): ready at once, and waiting on it moves the guest's clock to
+/// its deadline. A sleep never holds a host thread, and is as deterministic as the rest of
+/// the call.
+pub(crate) struct VirtualTimer {
+    clock: VirtualClock,
+    at_nanos: u64,
+}
+
+#[wasmtime_wasi::async_trait]
+impl wasmtime_wasi::p2::Pollable for VirtualTimer {
+    async fn ready(&mut self) {
+        self.clock.advance_to(self.at_nanos);
     }
 }
 

@@ -22,43 +22,11 @@ pub(crate) struct TenantUsage {
     pub memory_high_water: AtomicU64,
 }
 
-/// The CPU budget of one pipeline's current batch, shared by its partitions.
-#[derive(Debug)]
-pub(crate) struct BatchBudget {
-    used_ns: AtomicU64,
-    limit_ns: AtomicU64,
-}
-
-impl BatchBudget {
-    pub fn new(limit_ms: u64) -> BatchBudget {
-        BatchBudget {
-            used_ns: AtomicU64::new(0),
-            limit_ns: AtomicU64::new(limit_ms.saturating_mul(1_000_000)),
-        }
-    }
-
-    /// Starts a new batch.
-    pub fn reset(&self) {
-        self.used_ns.store(0, Ordering::Relaxed);
-    }
-}
-
-/// The calling thread's CPU time, in nanoseconds.
-pub(crate) fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec, and CLOCK_THREAD_CPUTIME_ID is supported
-    // on every Linux the host runs on; on failure `ts` stays zero.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    if rc != 0 {
-        return 0;
-    }
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
-}
+/// The CPU budget of one pipeline's current batch, shared by its partitions: the meter
+/// charges it after each call, and the runtime checks it inside every call (the processor
+/// was loaded with it as [`Limits::batch_cpu`](statebox_runtime::Limits::batch_cpu)).
+pub(crate) use statebox_runtime::CpuBudget as BatchBudget;
+pub(crate) use statebox_runtime::thread_cpu_ns;
 
 /// A processor whose calls are accounted to a tenant and a pipeline's batch budget.
 pub(crate) struct Metered {
@@ -111,8 +79,8 @@ struct MeteredInstance {
 impl MeteredInstance {
     /// Refuses a call once the batch has used its CPU budget.
     fn check_budget(&self, function: Function, key: &str) -> Result<(), CallError> {
-        let used = self.budget.used_ns.load(Ordering::Relaxed);
-        let limit = self.budget.limit_ns.load(Ordering::Relaxed);
+        let used = self.budget.used_ns();
+        let limit = self.budget.limit_ns();
         if used <= limit {
             return Ok(());
         }
@@ -140,7 +108,7 @@ impl MeteredInstance {
         let result = call(&mut self.instance);
         let spent = thread_cpu_ns().saturating_sub(started);
         self.usage.cpu_ns.fetch_add(spent, Ordering::Relaxed);
-        self.budget.used_ns.fetch_add(spent, Ordering::Relaxed);
+        self.budget.charge(spent);
         self.record_memory();
         result
     }

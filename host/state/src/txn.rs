@@ -194,6 +194,20 @@ impl PartitionTxn {
         after: Option<u64>,
         max: usize,
     ) -> Result<Vec<(u64, StoredValue)>> {
+        self.list_page_within(var, key, after, max, usize::MAX)
+    }
+
+    /// Like [`list_page`](Self::list_page), but the page also ends once its payloads hold
+    /// `max_bytes` (it always holds at least one element, if any is left): how the host
+    /// bounds what one page of a guest's iterator costs.
+    pub fn list_page_within(
+        &self,
+        var: VarId,
+        key: &[u8],
+        after: Option<u64>,
+        max: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<(u64, StoredValue)>> {
         self.check_open();
         check_key(key)?;
         let first = match after.map(|s| s.checked_add(1)) {
@@ -214,12 +228,15 @@ impl PartitionTxn {
         } else {
             Unbounded
         };
+        let mut bytes = 0usize;
         Coll::scan(self.list(&k), &*self.engine, &k, from, &mut |suffix, v| {
             let header = Header::decode(v)?;
             if header.is_live(clock) {
-                out.push((decode_seq(suffix)?, header.to_owned()));
+                let value = header.to_owned();
+                bytes = bytes.saturating_add(value.payload.len());
+                out.push((decode_seq(suffix)?, value));
             }
-            Ok(out.len() < max)
+            Ok(out.len() < max && bytes < max_bytes)
         })?;
         Ok(out)
     }
@@ -382,6 +399,19 @@ impl PartitionTxn {
         after: Option<&[u8]>,
         max: usize,
     ) -> Result<Vec<(Vec<u8>, StoredValue)>> {
+        self.map_page_within(var, key, after, max, usize::MAX)
+    }
+
+    /// Like [`map_page`](Self::map_page), but the page also ends once its user keys and
+    /// payloads hold `max_bytes` (it always holds at least one entry, if any is left).
+    pub fn map_page_within(
+        &self,
+        var: VarId,
+        key: &[u8],
+        after: Option<&[u8]>,
+        max: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<(Vec<u8>, StoredValue)>> {
         self.check_open();
         check_key(key)?;
         let mut out = Vec::with_capacity(max.min(1024));
@@ -392,12 +422,15 @@ impl PartitionTxn {
         keys::var_key_prefix_into(&mut k, keys::MAP, var, key);
         let clock = self.ttl_clock;
         let from = after.map_or(Unbounded, Excluded);
+        let mut bytes = 0usize;
         Coll::scan(self.map(&k), &*self.engine, &k, from, &mut |suffix, v| {
             let header = Header::decode(v)?;
             if header.is_live(clock) {
-                out.push((suffix.to_vec(), header.to_owned()));
+                let value = header.to_owned();
+                bytes = bytes.saturating_add(suffix.len() + value.payload.len());
+                out.push((suffix.to_vec(), value));
             }
-            Ok(out.len() < max)
+            Ok(out.len() < max && bytes < max_bytes)
         })?;
         Ok(out)
     }
@@ -448,6 +481,13 @@ impl PartitionTxn {
 
     /// The timestamps of `key`'s timers, ascending.
     pub fn timer_list(&self, key: &[u8]) -> Result<Vec<i64>> {
+        self.timer_list_upto(key, usize::MAX)
+    }
+
+    /// Like [`timer_list`](Self::timer_list), but stops after `max` timers: a caller that
+    /// asks for one more than it accepts learns that there are too many without reading
+    /// them all.
+    pub fn timer_list_upto(&self, key: &[u8], max: usize) -> Result<Vec<i64>> {
         self.check_open();
         check_key(key)?;
         let mut k = self.scratch.borrow_mut();
@@ -456,7 +496,7 @@ impl PartitionTxn {
         let timers = self.overlay.timers.get(&k[1..]);
         Coll::scan(timers, &*self.engine, &k, Unbounded, &mut |suffix, _| {
             out.push(keys::decode_timer_by_key(suffix, 0)?);
-            Ok(true)
+            Ok(out.len() < max)
         })?;
         Ok(out)
     }
