@@ -72,13 +72,15 @@ impl Checkpoints {
             return match &self.default {
                 Some((_, reader)) => Ok(reader.clone()),
                 None => Err(usage(format!(
-                    "{function}: no checkpoint to read: pass its path as the first argument                      ({function}('/checkpoint/path', ...)) or run with --checkpoint DIR"
+                    "{function}: no checkpoint to read: pass its path as the first argument \
+                     ({function}('/checkpoint/path', ...)) or run with --checkpoint DIR"
                 ))),
             };
         };
         let Some(opened) = &self.by_path else {
             return Err(usage(format!(
-                "{function}: this session reads one checkpoint; a checkpoint path argument                  ('{path}') is not allowed here"
+                "{function}: this session reads one checkpoint; a checkpoint path argument \
+                 ('{path}') is not allowed here"
             )));
         };
         let dir = PathBuf::from(path);
