@@ -220,13 +220,12 @@ fn guests_that_never_return_hold_up_no_other_tenant_stop_or_restart() {
     std::thread::sleep(Duration::from_millis(500));
     // Each of these requests would wait for the spinning guests if a lock were held.
     good_tenant_works(&good, 30);
-    // The event-time pipeline was created (still starting) once the open wait ran out.
+    // The event-time pipeline was created (at the latest when the open wait ran out).
     let created = spinning_create
         .join()
         .unwrap()
         .expect("the create request answered");
     let stuck = created.ok();
-    assert_eq!(stuck["status"]["state"], "starting", "{stuck}");
     let stuck = stuck["id"].as_str().unwrap().to_owned();
 
     // A batch that spins: stop and delete answer at once, and the pipeline says why it
@@ -265,7 +264,8 @@ fn guests_that_never_return_hold_up_no_other_tenant_stop_or_restart() {
         server: &server,
         token: good_token,
     };
-    assert_eq!(bad.status(&stuck)["status"]["state"], "starting");
+    let state = bad.status(&stuck)["status"]["state"].clone();
+    assert!(state == "starting" || state == "running", "{state}");
     let listed = good.get("/v1/pipelines").ok();
     assert_eq!(listed["pipelines"].as_array().unwrap().len(), 1, "{listed}");
     good.get("/v1/tenant").ok();

@@ -226,7 +226,7 @@ const RESUMING_AT_ONCE: usize = 4;
 
 /// How long a shutdown waits for requests in flight (one may be an upload whose `init`
 /// never returns).
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 
 /// Serves HTTP/1.1 on `listener` until `shutdown` resolves, then lets requests in flight
 /// finish (for up to [`SHUTDOWN_GRACE`]). Unlike `axum::serve`, every connection has a header read
