@@ -456,20 +456,24 @@ impl RecordSource for KafkaSource {
             let polled = self.consumer.poll(Duration::from_millis(100));
             let msg = match polled {
                 Some(Ok(m)) => m,
-                None | Some(Err(KafkaError::PartitionEOF(_))) => {
-                    // The consumer's position moves past transaction markers, which are
-                    // never delivered: a range may end with one, so the position, not the
-                    // last record, tells that a partition's range has been read.
+                Some(Err(KafkaError::PartitionEOF(p))) => {
+                    // The consumer reached the end of partition `p` after delivering every
+                    // record before it. A range may end with a transaction marker, which is
+                    // never delivered, so the position (past the marker), not the last
+                    // record, tells that the range has been read.
                     if let Ok(positions) = self.consumer.position() {
                         for (tp, &i) in &index {
                             let at = positions
                                 .find_partition(&tp.0, tp.1)
                                 .and_then(|e| e.offset().to_raw());
-                            if at.is_some_and(|at| at >= plan.ranges[i].end) {
+                            if tp.1 == p && at.is_some_and(|at| at >= plan.ranges[i].end) {
                                 done[i] = true;
                             }
                         }
                     }
+                    continue;
+                }
+                None => {
                     if done.iter().any(|d| !d) && last_progress.elapsed() > BROKER_TIMEOUT {
                         let waiting: Vec<String> = plan
                             .ranges
