@@ -1204,9 +1204,13 @@ async fn ingest(
     body: Body,
 ) -> Result<axum::Json<Value>> {
     let handle = handle(&app, &tenant, &id)?;
+    // Rows are checked against the processor's input schema before they are acknowledged;
+    // while a pipeline resumes after a restart, ingest waits (a while) for it to load.
+    let waiting = Instant::now();
+    while !handle.checks_ready.load(Ordering::Acquire) && waiting.elapsed() < RESUME_WAIT {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     if !handle.checks_ready.load(Ordering::Acquire) {
-        // Rows are checked against the processor's input schema before they are
-        // acknowledged; until the resuming pipeline has loaded it, none are taken.
         let mut e = ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "resuming",
@@ -1279,6 +1283,9 @@ struct OutputQuery {
     #[serde(default)]
     limit: Option<usize>,
 }
+
+/// How long ingest waits for a resuming pipeline's processor before answering 503.
+const RESUME_WAIT: Duration = Duration::from_secs(30);
 
 /// Most rows one output page holds, and the most bytes it reads.
 const MAX_PAGE_ROWS: usize = 10_000;
