@@ -72,64 +72,6 @@ pub struct SourceText {
     pub positions: Vec<i64>,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::FileProgress;
-
-    fn plan(dir: &Path, progress: &BTreeMap<String, FileProgress>, max: u64) -> Vec<FileRange> {
-        FileSource::new(dir)
-            .unwrap()
-            .next_ranges_bounded(progress, 64, max)
-            .unwrap()
-    }
-
-    #[test]
-    fn a_byte_budget_cuts_batches_at_line_boundaries() {
-        let dir = tempfile::tempdir().unwrap();
-        // Lines of 10 bytes: "{\"a\":123}\n" is 10.
-        let line = "{\"a\":123}\n";
-        std::fs::write(dir.path().join("a.jsonl"), line.repeat(10)).unwrap();
-        std::fs::write(dir.path().join("b.jsonl"), line.repeat(2)).unwrap();
-        // 35 bytes: three whole lines of a, nothing of b.
-        let ranges = plan(dir.path(), &BTreeMap::new(), 35);
-        assert_eq!(ranges.len(), 1);
-        assert_eq!((ranges[0].start, ranges[0].end), (0, 30));
-        // Read on from there: the rest of a (70 bytes) fits in 100, then 20 of b.
-        let mut progress = BTreeMap::new();
-        progress.insert(
-            "a.jsonl".to_owned(),
-            FileProgress {
-                bytes: 30,
-                lines: 3,
-            },
-        );
-        let ranges = plan(dir.path(), &progress, 100);
-        assert_eq!(ranges.len(), 2);
-        assert_eq!(
-            (ranges[0].start, ranges[0].end, ranges[0].first_line),
-            (30, 100, 4)
-        );
-        assert_eq!((ranges[1].start, ranges[1].end), (0, 20));
-        // Exactly at a boundary.
-        let ranges = plan(dir.path(), &BTreeMap::new(), 20);
-        assert_eq!((ranges[0].start, ranges[0].end), (0, 20));
-    }
-
-    #[test]
-    fn a_line_longer_than_the_budget_is_read_whole() {
-        let dir = tempfile::tempdir().unwrap();
-        let long = format!("{{\"a\":\"{}\"}}\n", "x".repeat(200_000));
-        std::fs::write(dir.path().join("a.jsonl"), format!("{long}{{\"a\":1}}\n")).unwrap();
-        let ranges = plan(dir.path(), &BTreeMap::new(), 1000);
-        assert_eq!((ranges[0].start, ranges[0].end), (0, long.len() as u64));
-        // Without a final newline, the rest of the file.
-        std::fs::write(dir.path().join("a.jsonl"), "x".repeat(300_000)).unwrap();
-        let ranges = plan(dir.path(), &BTreeMap::new(), 1000);
-        assert_eq!(ranges[0].end, 300_000);
-    }
-}
-
 /// An output other than a file (Kafka, in `statebox-kafka`). Exactly-once delivery needs a
 /// sink that can deliver a batch all or nothing and tell, after a crash, whether it already
 /// has a batch: the engine then re-runs that batch (the same plan, times and randomness, so
