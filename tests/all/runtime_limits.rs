@@ -222,3 +222,68 @@ fn a_log_flood_is_bounded_and_cannot_forge_lines() {
     );
     assert!(logs.contains(r"\n"), "newlines are escaped: {logs}");
 }
+
+/// A list whose strings all alias one buffer costs the guest 1 MiB of memory but would make
+/// the host copy every element: what the host copies out of the guest in one transfer is
+/// charged per byte against the instance's memory limit, and the call traps past it before
+/// the host allocates.
+#[test]
+fn aliased_strings_cannot_make_the_host_copy_more_than_the_memory_limit() {
+    let s = Scratch::new();
+    s.write_rows("0.jsonl", &[act("a", "alias-append", 8)]);
+    s.run_cmd(HOSTILE, "k")
+        .args(["--memory-limit-mb", "32"])
+        .run()
+        .expect_ok();
+    assert_eq!(s.output_rows()[0]["count"], 8, "8 MiB is within the limit");
+
+    let s = Scratch::new();
+    s.write_rows("0.jsonl", &[act("a", "alias-append", 64)]);
+    s.run_cmd(HOSTILE, "k")
+        .args(["--memory-limit-mb", "32"])
+        .run()
+        .expect_error(&["hostile-calls", r#"["a"]"#, "too much data is being copied"]);
+    assert_eq!(
+        s.output_bytes(),
+        b"",
+        "nothing of the failed batch is committed"
+    );
+}
+
+/// A granted *name* that resolves to an internal address (here `localhost`, loopback) is
+/// refused: the grant must name the address itself. The same service granted by its address
+/// is reached.
+#[test]
+fn a_granted_name_that_resolves_inside_is_refused() {
+    use crate::serve::TestHttp;
+    const HTTP_CALL: &str = env!("STATEBOX_GUEST_HTTP_CALL");
+    let service = TestHttp::start(false);
+    let port = service.addr.rsplit(':').next().unwrap().to_owned();
+    let by_name = format!("http://localhost:{port}/");
+
+    let s = Scratch::new();
+    s.write_rows("0.jsonl", &[json!({"k": "a", "url": by_name})]);
+    s.run_cmd(HTTP_CALL, "k")
+        .args(["--allow-http", &format!("localhost:{port}")])
+        .run()
+        .expect_ok();
+    let row = &s.output_rows()[0];
+    assert_eq!(row["status"], -1, "{row}");
+    assert!(
+        row["error"]
+            .as_str()
+            .unwrap()
+            .contains("DestinationIpProhibited"),
+        "{row}"
+    );
+    assert_eq!(service.hits(), 0, "the refused request left the host");
+
+    let s = Scratch::new();
+    s.write_rows("0.jsonl", &[json!({"k": "a", "url": service.url("/")})]);
+    s.run_cmd(HTTP_CALL, "k")
+        .args(["--allow-http", &service.addr])
+        .run()
+        .expect_ok();
+    assert_eq!(s.output_rows()[0]["status"], 200);
+    assert_eq!(service.hits(), 1);
+}

@@ -333,8 +333,15 @@ impl HostState {
         self.limits_config.batch_cpu.as_deref()
     }
 
+    /// Epoch ticks until the deadline callback first runs in a call: at the call's deadline,
+    /// or sooner when a shared batch budget must be checked while the call runs.
     pub(crate) fn deadline_ticks(&self) -> u64 {
-        self.limits_config.deadline_ticks()
+        let ticks = self.limits_config.deadline_ticks();
+        if self.limits_config.batch_cpu.is_some() {
+            let check = crate::sandbox::BUDGET_CHECK.as_millis() / crate::EPOCH_TICK.as_millis();
+            return ticks.min(check as u64);
+        }
+        ticks
     }
 
     pub(crate) fn output_limit(&self) -> usize {
@@ -1419,5 +1426,63 @@ impl state::HostMapIterator for HostState {
         self.table.delete(rep)?;
         self.live_iterators -= 1;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A core module with `count` linear memories of `pages` 64 KiB pages each, written out
+    /// by hand (magic, version, one memory section).
+    fn module_with_memories(count: u8, pages: u8) -> Vec<u8> {
+        let mut section = vec![count];
+        for _ in 0..count {
+            section.extend([0x00, pages]);
+        }
+        let mut wasm = b"\0asm\x01\0\0\0".to_vec();
+        wasm.push(5);
+        wasm.push(section.len() as u8);
+        wasm.extend(section);
+        wasm
+    }
+
+    fn instantiate(wasm: &[u8], limit: usize) -> wasmtime::Result<usize> {
+        let engine = wasmtime::Engine::default();
+        let module = wasmtime::Module::new(&engine, wasm)?;
+        let mut store = wasmtime::Store::new(&engine, MemoryLimiter::new(limit));
+        store.limiter(|l| l);
+        wasmtime::Instance::new(&mut store, &module, &[])?;
+        Ok(store.data().peak)
+    }
+
+    #[test]
+    fn the_memory_limit_covers_all_memories_together() {
+        const PAGE: usize = 64 << 10;
+        // Two memories of two pages: four pages in all, the high-water mark.
+        assert_eq!(
+            instantiate(&module_with_memories(2, 2), 4 * PAGE).unwrap(),
+            4 * PAGE
+        );
+        // Each would fit alone; together they do not.
+        let err = instantiate(&module_with_memories(2, 2), 3 * PAGE).unwrap_err();
+        assert!(format!("{err:#}").contains("memory"), "{err:#}");
+    }
+
+    #[test]
+    fn an_instance_may_have_only_so_many_memories() {
+        assert!(instantiate(&module_with_memories(MAX_MEMORIES as u8, 0), 1 << 20).is_ok());
+        let err =
+            instantiate(&module_with_memories(MAX_MEMORIES as u8 + 24, 0), 1 << 20).unwrap_err();
+        assert!(format!("{err:#}").contains("memor"), "{err:#}");
+    }
+
+    #[test]
+    fn log_lines_are_escaped_and_cut() {
+        assert_eq!(log_line("a\nb\u{7}c"), "a\\nb\\u{7}c");
+        let long = "x".repeat(MAX_LOG_MESSAGE + 10);
+        let line = log_line(&long);
+        assert!(line.starts_with(&"x".repeat(MAX_LOG_MESSAGE)));
+        assert!(line.ends_with("… (10 more bytes cut)"), "{line}");
     }
 }

@@ -17,6 +17,7 @@
 //! | `log-flood` | logs `n` messages, each with a newline and a bell character |
 //! | `big-page` | appends `n` elements of 256 KiB to a list, then reads the first page; emits the page's size |
 //! | `write-flood` | writes `n` values of 1 MiB to one value state; emits how many writes succeeded and the first error |
+//! | `alias-append` | calls `append-list` with `n` strings that all alias one 1 MiB buffer: `n` MiB for the host to copy from 1 MiB of guest memory |
 
 use std::hint::black_box;
 use std::time::{Instant, SystemTime};
@@ -185,6 +186,30 @@ impl HostileCalls {
                     }
                 }
                 (first_error, written)
+            }
+            "alias-append" => {
+                let host =
+                    |e: raw_state::StateError| Error::msg(format!("{:?}: {}", e.kind, e.message));
+                let buffer = format!("\"{}\"", "a".repeat((1 << 20) - 2));
+                let aliased: Vec<String> = (0..n)
+                    .map(|_| {
+                        // SAFETY: every element aliases `buffer`, which outlives them; none
+                        // is ever dropped (the vector is forgotten below), so nothing is
+                        // freed twice. This is the attack: lowering copies no bytes, the
+                        // host would copy each element.
+                        unsafe {
+                            String::from_raw_parts(
+                                buffer.as_ptr().cast_mut(),
+                                buffer.len(),
+                                buffer.capacity(),
+                            )
+                        }
+                    })
+                    .collect();
+                let result = self.pages.append_list(&aliased);
+                std::mem::forget(aliased);
+                result.map_err(host)?;
+                ("appended".into(), n as i64)
             }
             other => statebox_sdk::bail!("unknown action `{other}`"),
         })
