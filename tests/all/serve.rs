@@ -764,10 +764,13 @@ fn hostile_processors_fail_their_own_pipeline_and_nothing_else() {
         &["--max-attempts", "3", "--retry-backoff-ms", "100"],
     );
     let good = tenant(&server, "good", json!({}));
+    // 2 s per call: `loop` still ends at the CPU limit, while `huge-output` (serialising
+    // 20 MiB in the guest) reaches the output limit first even on a loaded machine, where
+    // 300 ms was sometimes not enough.
     let bad = tenant(
         &server,
         "bad",
-        json!({"call_cpu_ms": 300, "memory_bytes": 96 << 20, "output_bytes_per_call": 1 << 20}),
+        json!({"call_cpu_ms": 2000, "memory_bytes": 96 << 20, "output_bytes_per_call": 1 << 20}),
     );
     let counter = good.processor(guests::COUNTER);
     let steady =
