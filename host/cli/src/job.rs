@@ -113,7 +113,7 @@ pub(crate) fn run(args: &[OsString]) -> anyhow::Result<()> {
     let crate::Command::Run(run_args) = cli.command else {
         unreachable!("the plan is a `statebox run` command line");
     };
-    crate::run(run_args)?;
+    crate::run(*run_args)?;
     if let Some(output) = console {
         // The console sink: print what the query emitted.
         let text = std::fs::read_to_string(&output).unwrap_or_default();

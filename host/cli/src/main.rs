@@ -43,7 +43,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a processor over JSON Lines input until all available input is processed.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Run a scenario file: explicit batches, times, restarts and expected output.
     Test(scenario::TestArgs),
     /// Check whether a new processor can run on an existing checkpoint, before deploying it.
@@ -275,7 +275,7 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run(args) => run(args),
+        Command::Run(args) => run(*args),
         Command::Test(args) => scenario::run(args),
         Command::Check(args) => check(args),
         Command::Bench(cmd) => bench::run(cmd),
