@@ -2,7 +2,10 @@
 //! TwsTester tests (`guest-sdk/python/tests/test_tws_tester.py`, which also passes on
 //! PySpark 4.3's own tester) runs unchanged on the Python SDK's tester, in memory, and
 //! against the real host: every tester there builds its processor into a component and
-//! drives it through `statebox tws-driver` (real schema checks, timers, the engine).
+//! drives it through `statebox tws-driver` (real schema checks, timers, the engine). There
+//! `update*State` and `deleteState` write through the host's state imports (a value that
+//! does not match its schema is refused and nothing is written), and `setWatermark` moves
+//! the query's watermark, so the engine fires event-time timers as in production.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -34,7 +37,7 @@ fn run_suite(host: bool) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("\nOK"), "{report}");
     // Every test ran: none skipped.
-    assert!(stderr.contains("Ran 14 tests"), "{report}");
+    assert!(stderr.contains("Ran 17 tests"), "{report}");
     assert!(!stderr.contains("skipped"), "{report}");
 }
 

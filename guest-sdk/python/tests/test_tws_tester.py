@@ -6,8 +6,8 @@ written against ``pyspark.sql.streaming.tws_tester.TwsTester`` as a PySpark user
 Run natively (in memory, like Spark's tester) by ``python3 -m unittest`` from this folder;
 with ``STATEBOX_TWS_HOST=1`` (and ``STATEBOX`` naming the binary) every tester runs the
 processor built into a component in the real host instead (``tests/all/pyspark_tws.rs``
-runs both). Direct state writes and ``setWatermark`` do not exist against the host: there
-those tests check that the tester says so.
+runs both): there direct state writes go through the host's state imports (real schema
+checks) and ``setWatermark`` moves the query's watermark (the engine fires the timers).
 """
 
 import os
@@ -43,10 +43,6 @@ class TwsTesterTests(unittest.TestCase):
             self.addCleanup(tester.close)
         return tester
 
-    def direct_access_refused(self, call):
-        with self.assertRaisesRegex(NotImplementedError, "not available against the real host"):
-            call()
-
     def test_running_count_processor(self):
         tester = self.make(RunningCount())
         self.assertEqual(
@@ -60,9 +56,6 @@ class TwsTesterTests(unittest.TestCase):
 
     def test_direct_access_to_value_state(self):
         tester = self.make(RunningCount())
-        if HOST:
-            self.direct_access_refused(lambda: tester.updateValueState("count", "foo", (5,)))
-            return
         tester.updateValueState("count", "foo", (5,))
         tester.test("foo", [Row(value="q")])
         self.assertEqual(tester.peekValueState("count", "foo"), (6,))
@@ -86,9 +79,6 @@ class TwsTesterTests(unittest.TestCase):
 
     def test_direct_access_to_list_state(self):
         tester = self.make(TopK())
-        if HOST:
-            self.direct_access_refused(lambda: tester.updateListState("topK", "a", [(6.0,)]))
-            return
         tester.updateListState("topK", "a", [(6.0,), (5.0,)])
         tester.updateListState("topK", "b", [(8.0,), (7.0,)])
         tester.test("a", [Row(score=10.0)])
@@ -123,11 +113,6 @@ class TwsTesterTests(unittest.TestCase):
 
     def test_direct_access_to_map_state(self):
         tester = self.make(WordFrequency())
-        if HOST:
-            self.direct_access_refused(
-                lambda: tester.updateMapState("frequencies", "user1", {("a",): (1,)})
-            )
-            return
         tester.updateMapState("frequencies", "user1", {("hello",): (5,), ("world",): (3,)})
         tester.test("user1", [Row(word="hello"), Row(word="goodbye")])
         self.assertEqual(
@@ -137,9 +122,6 @@ class TwsTesterTests(unittest.TestCase):
 
     def test_step_function(self):
         tester = self.make(RunningCount())
-        if HOST:
-            self.direct_access_refused(lambda: tester.updateValueState("count", "k", (10,)))
-            return
 
         def step(key, value, state_in):
             tester.updateValueState("count", key, (state_in,))
@@ -196,9 +178,6 @@ class TwsTesterTests(unittest.TestCase):
     def test_delete_state(self):
         tester = self.make(RunningCount())
         tester.test("k", [Row(value="a")])
-        if HOST:
-            self.direct_access_refused(lambda: tester.deleteState("count", "k"))
-            return
         tester.deleteState("count", "k")
         self.assertIsNone(tester.peekValueState("count", "k"))
         self.assertEqual(tester.test("k", [Row(value="a")]), [Row(key="k", count=1)])
@@ -228,10 +207,6 @@ class TwsTesterTests(unittest.TestCase):
         tester = self.make(
             EventTimeCount(), timeMode="EventTime", eventTimeExtractor=lambda row: row.time
         )
-        if HOST:
-            with self.assertRaisesRegex(NotImplementedError, "derives the watermark"):
-                tester.setWatermark(5)
-            return
         self.assertEqual(tester.test("a", [Row(time=10), Row(time=20)]), [])
         self.assertEqual(tester.setWatermark(25), [])
         # 20 is at or before the watermark: dropped, as Spark drops late rows.
@@ -241,6 +216,63 @@ class TwsTesterTests(unittest.TestCase):
             tester.setWatermark(60),
             [Row(key="a", count=3, fired=30), Row(key="a", count=3, fired=50)],
         )
+
+    def test_delete_value_list_and_map_state_of_one_key(self):
+        count = self.make(RunningCount())
+        count.updateValueState("count", "key1", (10,))
+        count.updateValueState("count", "key2", (20,))
+        self.assertEqual(count.peekValueState("count", "key1"), (10,))
+        count.deleteState("count", "key1")
+        self.assertIsNone(count.peekValueState("count", "key1"))
+        self.assertEqual(count.peekValueState("count", "key2"), (20,))
+
+        top = self.make(TopK())
+        top.updateListState("topK", "key1", [(1.0,), (2.0,), (3.0,)])
+        top.updateListState("topK", "key2", [(4.0,), (5.0,)])
+        self.assertEqual(top.peekListState("topK", "key1"), [(1.0,), (2.0,), (3.0,)])
+        top.deleteState("topK", "key1")
+        self.assertEqual(top.peekListState("topK", "key1"), [])
+        self.assertEqual(top.peekListState("topK", "key2"), [(4.0,), (5.0,)])
+
+        words = self.make(WordFrequency())
+        words.updateMapState("frequencies", "user1", {("hello",): (5,), ("world",): (3,)})
+        words.updateMapState("frequencies", "user2", {("spark",): (10,)})
+        words.deleteState("frequencies", "user1")
+        self.assertEqual(words.peekMapState("frequencies", "user1"), {})
+        self.assertEqual(words.peekMapState("frequencies", "user2"), {("spark",): (10,)})
+        # An update replaces the whole map, as Spark's tester does.
+        words.updateMapState("frequencies", "user2", {("new",): (1,)})
+        self.assertEqual(words.peekMapState("frequencies", "user2"), {("new",): (1,)})
+
+    def test_a_direct_write_is_checked_against_the_schema_in_the_host(self):
+        tester = self.make(RunningCount())
+        if HOST:
+            # The host checks the stored value against `count int`, as it checks the
+            # processor's own writes; the failed batch writes nothing.
+            with self.assertRaisesRegex(Exception, "count"):
+                tester.updateValueState("count", "k", ("not a number",))
+            self.assertIsNone(tester.peekValueState("count", "k"))
+        else:
+            # In memory, as in Spark's own tester, the value is kept as given.
+            tester.updateValueState("count", "k", ("not a number",))
+            self.assertEqual(tester.peekValueState("count", "k"), ("not a number",))
+        with self.assertRaises(AssertionError):
+            tester.updateValueState("nonexistent_state", "k", (5,))
+
+    def test_event_time_timers_fire_as_the_watermark_moves(self):
+        tester = self.make(
+            EventTimeCount(), timeMode="EventTime", eventTimeExtractor=lambda row: row.time
+        )
+        # Before any input: nothing to fire.
+        self.assertEqual(tester.setWatermark(5), [])
+        # 5 is late; 10000 and 11000 register a timer at 11010.
+        self.assertEqual(tester.test("key1", [Row(time=5), Row(time=10000)]), [])
+        self.assertEqual(tester.test("key2", [Row(time=11000)]), [])
+        self.assertEqual(tester.setWatermark(10009), [])
+        self.assertEqual(tester.setWatermark(10010), [Row(key="key1", count=1, fired=10010)])
+        self.assertEqual(tester.setWatermark(20000), [Row(key="key2", count=1, fired=11010)])
+        with self.assertRaisesRegex(Exception, "must move forward"):
+            tester.setWatermark(20000)
 
     def test_timers_are_refused_in_time_mode_none(self):
         tester = self.make(SessionTimeout())

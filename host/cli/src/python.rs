@@ -64,6 +64,10 @@ pub(crate) struct PythonOptions {
     /// anyway; see the SDK's README for the measured difference).
     #[arg(long)]
     pub(crate) stub_wasi: bool,
+    /// Build the SDK's `TwsTester` hook in (`statebox tws-driver` only): a row carrying
+    /// `__statebox_tws` writes state instead of reaching the processor.
+    #[arg(skip)]
+    pub(crate) tws_driver: bool,
 }
 
 pub(crate) fn run(args: BuildPythonArgs) -> anyhow::Result<()> {
@@ -202,7 +206,8 @@ pub(crate) fn build(source: &Path, options: &PythonOptions) -> anyhow::Result<Pa
              name={name},\n    \
              output_schema={output_schema},\n    \
              input_schema={input_schema},\n    \
-             output_event_time_column={event_time},\n\
+             output_event_time_column={event_time},\n    \
+             tws_driver={tws_driver},\n\
          )\n",
         display = py_str(&display),
         module = py_str(&stem),
@@ -211,6 +216,7 @@ pub(crate) fn build(source: &Path, options: &PythonOptions) -> anyhow::Result<Pa
         output_schema = py_opt(options.output_schema.as_deref()),
         input_schema = py_opt(options.input_schema.as_deref()),
         event_time = py_opt(options.output_event_time_column.as_deref()),
+        tws_driver = if options.tws_driver { "True" } else { "False" },
     );
 
     let setup = sdk.join("setup.sh");

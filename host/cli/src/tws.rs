@@ -7,23 +7,41 @@
 //! JSON line on standard output:
 //!
 //! - `{"open": {"processor": FILE, "class": NAME, "key": [COL...], "time_mode": M,
-//!   "output_mode": M, "initial_state": [ROW...] | null}}` builds and opens the query;
-//! - `{"batch": [ROW...], "at_ms": T}` runs the rows as batches at processing time `T`;
+//!   "output_mode": M, "initial_state": [ROW...] | null, "event_time": BOOL}}` builds and
+//!   opens the query (in event time, each row's event time is its `__event_time` column);
+//! - `{"batch": [ROW...], "at_ms": T}` runs the rows as one batch at processing time `T`;
 //! - `{"no_data": true, "at_ms": T}` runs a batch without input (timers due by `T` fire);
+//! - `{"state": {"key": [VALUE...], "ops": [OP...]}, "at_ms": T}` writes one key's state
+//!   (`TwsTester.update*State`, `deleteState`), see below;
+//! - `{"watermark": W, "at_ms": T}` moves the watermark to `W` (`TwsTester.setWatermark`);
+//!   the event-time timers and TTL due by `W` fire;
 //! - `{"read": {"var": NAME, "key": [VALUE...]}}` reads one key's committed state.
 //!
 //! Answers: `{"emitted": [ROW...]}`, `{"rows": [...]}`, `{"ok": true}`, or
 //! `{"error": MESSAGE}` (a failed batch commits nothing, as always).
+//!
+//! The driver is the query's record source ([`TesterSource`]): each `batch` is one batch
+//! of rows; a `watermark` is a batch without rows whose event time is the new watermark,
+//! followed by the no-data batch the engine runs when the watermark advanced, as in
+//! production. State writes go through the component and the host like any other: the
+//! processor is built with the SDK's tester hook (`tws_driver=True`), which applies a row
+//! carrying `__statebox_tws` (a JSON list of `{"var", "op", ...}` with stored JSON texts)
+//! to the declared variables through the host's state imports, so the host checks every
+//! value against the variable's schema and the batch commits it atomically. Only the
+//! driver builds that hook in; production components never have it.
 
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, bail};
 use clap::Args;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use statebox_engine::{OutputMode, Query, QueryOptions, StateReader, TimeMode};
+use statebox_engine::{
+    Endpoints, EngineError, EventTimeOptions, OutputMode, Query, QueryOptions, RecordSource,
+    SourceBatch, SourceText, StateReader, TimeMode,
+};
 
 use crate::SandboxArgs;
 
@@ -43,6 +61,15 @@ struct OpenSpec {
     time_mode: String,
     output_mode: String,
     initial_state: Option<Vec<Value>>,
+    #[serde(default)]
+    event_time: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StateSpec {
+    key: Vec<Value>,
+    ops: Vec<Value>,
 }
 
 #[derive(Deserialize)]
@@ -61,6 +88,71 @@ struct Command {
     no_data: bool,
     at_ms: Option<i64>,
     read: Option<ReadSpec>,
+    state: Option<StateSpec>,
+    watermark: Option<i64>,
+}
+
+/// The column of a tester row that carries state writes for the SDK's tester hook.
+const STATE_COLUMN: &str = "__statebox_tws";
+/// The column that carries a row's event time (the tester's `eventTimeExtractor`).
+const EVENT_TIME_COLUMN: &str = "__event_time";
+
+/// What the next batch reads: rows, and in event time the watermark to move to.
+#[derive(Default)]
+struct Pending {
+    rows: String,
+    watermark: Option<i64>,
+}
+
+/// The query's record source: the tester's calls, one batch each. A plan holds its rows
+/// and watermark itself, so a re-run reads exactly what was planned.
+struct TesterSource(Arc<Mutex<Pending>>);
+
+impl RecordSource for TesterSource {
+    fn identity(&self) -> String {
+        "tws-tester".into()
+    }
+
+    fn restore(&mut self, _: Vec<(String, Vec<u8>)>, _: bool) -> Result<(), EngineError> {
+        Ok(())
+    }
+
+    fn plan(&mut self) -> Result<Option<Value>, EngineError> {
+        let mut pending = self.0.lock().expect("tester source lock");
+        if pending.rows.is_empty() && pending.watermark.is_none() {
+            return Ok(None);
+        }
+        let next = std::mem::take(&mut *pending);
+        Ok(Some(
+            json!({ "rows": next.rows, "watermark": next.watermark }),
+        ))
+    }
+
+    fn read(&mut self, plan: &Value) -> Result<SourceBatch, EngineError> {
+        let text = plan["rows"].as_str().unwrap_or_default().to_owned();
+        let lines = text.lines().count() as i64;
+        Ok(SourceBatch {
+            texts: vec![SourceText {
+                name: "tester call".into(),
+                text,
+                positions: (0..lines).collect(),
+            }],
+            progress: Vec::new(),
+        })
+    }
+
+    fn committed(&mut self, _: &Value) {}
+
+    /// The watermark follows the tester alone (`setWatermark`), never the rows' event
+    /// times, as in Spark's `TwsTester`.
+    fn event_time_seen(
+        &mut self,
+        plan: &Value,
+        _: &[Option<i64>],
+        _: i64,
+    ) -> (Option<i64>, Vec<(String, Vec<u8>)>) {
+        (plan["watermark"].as_i64(), Vec::new())
+    }
 }
 
 /// The open query and where its files are.
@@ -68,13 +160,13 @@ struct Session {
     query: Query,
     key: Vec<String>,
     work: tempfile::TempDir,
-    batches: usize,
+    pending: Arc<Mutex<Pending>>,
+    event_time: bool,
+    /// The watermark the tester last set (rows at or before it are late).
+    watermark: i64,
 }
 
 impl Session {
-    fn input(&self) -> PathBuf {
-        self.work.path().join("input")
-    }
     fn output(&self) -> PathBuf {
         self.work.path().join("output.jsonl")
     }
@@ -124,27 +216,51 @@ fn step(
     }
     let at_ms = command.at_ms.unwrap_or(0);
     let before = std::fs::metadata(s.output()).map_or(0, |m| m.len());
-    let had_batch = command.batch.is_some();
-    let rows = command.batch.unwrap_or_default();
-    if !rows.is_empty() {
-        s.batches += 1;
-        let file = s.input().join(format!("{:06}.jsonl", s.batches));
+    if let Some(state) = command.state {
+        if state.key.len() != s.key.len() {
+            bail!(
+                "a key of {} column(s) expected, got {}",
+                s.key.len(),
+                state.key.len()
+            );
+        }
+        let mut row = serde_json::Map::new();
+        for (column, value) in s.key.iter().zip(state.key) {
+            row.insert(column.clone(), value);
+        }
+        row.insert(
+            STATE_COLUMN.into(),
+            Value::String(serde_json::to_string(&state.ops)?),
+        );
+        if s.event_time {
+            // Not late: the row must reach the processor.
+            row.insert(
+                EVENT_TIME_COLUMN.into(),
+                json!(s.watermark.saturating_add(1)),
+            );
+        }
+        s.pending.lock().expect("tester source lock").rows = format!("{}\n", Value::Object(row));
+        run_until_idle(&mut s.query, at_ms)?;
+    } else if let Some(watermark) = command.watermark {
+        if !s.event_time {
+            bail!("setWatermark needs time mode event-time");
+        }
+        s.pending.lock().expect("tester source lock").watermark = Some(watermark);
+        run_until_idle(&mut s.query, at_ms)?;
+        s.watermark = s.watermark.max(watermark);
+    } else if let Some(rows) = command.batch.as_ref().filter(|rows| !rows.is_empty()) {
         let mut text = String::new();
-        for row in &rows {
+        for row in rows {
             text.push_str(&serde_json::to_string(row)?);
             text.push('\n');
         }
-        std::fs::write(&file, text)?;
-        if let Err(e) = run_until_idle(&mut s.query, at_ms) {
-            // A failed batch commits nothing; its input must not block later calls.
-            std::fs::remove_file(&file).ok();
-            return Err(e.into());
-        }
-    } else if command.no_data || had_batch {
+        s.pending.lock().expect("tester source lock").rows = text;
+        run_until_idle(&mut s.query, at_ms)?;
+    } else if command.no_data || command.batch.is_some() {
         s.query.run_no_data(Some(at_ms))?;
         run_until_idle(&mut s.query, at_ms)?;
     } else {
-        bail!("a command needs one of `open`, `batch`, `no_data` and `read`");
+        bail!("a command needs one of `open`, `batch`, `no_data`, `state`, `watermark` and `read`");
     }
     Ok(json!({ "emitted": rows_after(&s.output(), before)? }))
 }
@@ -152,6 +268,7 @@ fn step(
 fn open(runtime: &statebox_runtime::Runtime, spec: OpenSpec) -> anyhow::Result<Session> {
     let options = crate::python::PythonOptions {
         class_name: spec.class.clone(),
+        tws_driver: true,
         ..Default::default()
     };
     let wasm = crate::python::build(&spec.processor, &options)?;
@@ -162,6 +279,7 @@ fn open(runtime: &statebox_runtime::Runtime, spec: OpenSpec) -> anyhow::Result<S
         .prefix("statebox-tws-")
         .tempdir()
         .context("cannot create a temporary directory")?;
+    // Unread (the driver is the query's source), but part of the query's options.
     std::fs::create_dir_all(work.path().join("input"))?;
     let initial_state = match &spec.initial_state {
         Some(rows) => {
@@ -190,6 +308,10 @@ fn open(runtime: &statebox_runtime::Runtime, spec: OpenSpec) -> anyhow::Result<S
                 .map_err(anyhow::Error::msg)?,
         ),
         initial_state,
+        event_time: spec.event_time.then(|| EventTimeOptions {
+            column: EVENT_TIME_COLUMN.into(),
+            watermark_delay_ms: 0,
+        }),
         ..QueryOptions::new(
             work.path().join("input"),
             work.path().join("output.jsonl"),
@@ -197,12 +319,19 @@ fn open(runtime: &statebox_runtime::Runtime, spec: OpenSpec) -> anyhow::Result<S
             spec.key.clone(),
         )
     };
-    let query = Query::open(opts, Arc::new(processor))?;
+    let pending = Arc::new(Mutex::new(Pending::default()));
+    let endpoints = Endpoints {
+        source: Some(Box::new(TesterSource(pending.clone()))),
+        sink: None,
+    };
+    let query = Query::open_with(opts, Arc::new(processor), endpoints)?;
     Ok(Session {
         query,
         key: spec.key,
         work,
-        batches: 0,
+        pending,
+        event_time: spec.event_time,
+        watermark: 0,
     })
 }
 

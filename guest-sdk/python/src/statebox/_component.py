@@ -27,6 +27,7 @@ from .aio import (
 )
 from .processor import (
     ExpiredTimerInfo,
+    StateError,
     StatefulProcessor,
     StatefulProcessorHandle,
     TimerValues,
@@ -312,6 +313,90 @@ def _format_error(method, err):
     return f"{method} raised {type(err).__name__}: {err}\n{''.join(lines)}".rstrip()
 
 
+
+# --- TwsTester hook (built in by `statebox tws-driver` only) ----------------------------
+
+_TWS_COLUMN = "__statebox_tws"
+
+
+def _tws_ops(rows):
+    """The state writes a tester row carries (``__statebox_tws``), or None for input rows.
+    Reads the raw texts, so an input schema that leaves the column out does not hide it."""
+    texts = rows._texts
+    if not texts:
+        return None
+    if rows._columns is not None:
+        columns = list(rows._columns)
+        if _TWS_COLUMN not in columns:
+            return None
+        first = _scan_plain(texts[0], 0)[0][0]
+        return json.loads(first[columns.index(_TWS_COLUMN)])
+    first = json.loads(texts[0])
+    if type(first) is not dict or _TWS_COLUMN not in first:
+        return None
+    return json.loads(first[_TWS_COLUMN])
+
+
+def _tws_apply(states, ops):
+    """Writes the current key's state through the host's imports (which check each stored
+    JSON text against the variable's schema): ``TwsTester.update*State`` and
+    ``deleteState`` against the real host."""
+    for op in ops:
+        name = op["var"]
+        state = states.get(name)
+        if state is None:
+            raise StateError("invalid-use", f"State {name} has not been initialized.")
+        h = state._h
+        try:
+            kind = op["op"]
+            if kind == "value":
+                h.update(op["value"])
+            elif kind == "list":
+                h.clear()
+                if op["values"]:
+                    h.put(op["values"])
+            elif kind == "map":
+                h.clear()
+                for k, v in op["entries"]:
+                    h.update_value(k, v)
+            elif kind == "delete":
+                h.clear()
+            else:
+                raise ValueError(f"unknown tester state operation {kind!r}")
+        except HostError as e:
+            raise _lift(e) from None
+
+
+async def _no_rows():
+    return
+    yield  # noqa: B901 - makes this an async generator
+
+
+def _tws_hook(proc, handle, is_async):
+    """Records the variables ``proc`` declares on ``handle`` and makes its
+    ``handleInputRows`` apply tester rows instead of seeing them."""
+    states = {}
+    for method in ("getValueState", "getListState", "getMapState"):
+        declare = getattr(handle, method)
+
+        def wrapped(*args, _declare=declare, **kwargs):
+            state = _declare(*args, **kwargs)
+            states[state.name] = state
+            return state
+
+        setattr(handle, method, wrapped)
+    original = proc.handleInputRows
+
+    def handleInputRows(key, rows, timerValues):
+        ops = _tws_ops(rows)
+        if ops is None:
+            return original(key, rows, timerValues)
+        _tws_apply(states, ops)
+        return _no_rows() if is_async else []
+
+    proc.handleInputRows = handleInputRows
+
+
 def export(
     source_path,
     display_path,
@@ -321,6 +406,7 @@ def export(
     output_schema=None,
     input_schema=None,
     output_event_time_column=None,
+    tws_driver=False,
 ):
     """Loads the user's processor and returns the classes implementing the component's
     exports: ``(Processor, BatchProcessor)``, for the ``processor`` interface (``describe``,
@@ -484,6 +570,8 @@ def export(
                 def make():
                     proc = found() if isinstance(found, type) else found
                     handle = StatefulProcessorHandle(handle_module(), time_modes[time_mode])
+                    if tws_driver:
+                        _tws_hook(proc, handle, True)
                     slot["processor"] = None
 
                     async def go():
@@ -576,7 +664,10 @@ def export(
         def init(self, time_mode):
             try:
                 proc = found() if isinstance(found, type) else found
-                proc.init(StatefulProcessorHandle(handle_module(), time_modes[time_mode]))
+                handle = StatefulProcessorHandle(handle_module(), time_modes[time_mode])
+                if tws_driver:
+                    _tws_hook(proc, handle, False)
+                proc.init(handle)
             except BaseException as e:  # noqa: BLE001
                 raise failed("init", e) from None
             slot["processor"] = proc

@@ -17,8 +17,11 @@ fails as it would in the component, and values read back are what the component'
 the same calls against the processor built into a component, in the real host
 (``statebox tws-driver``): real schema checks, real timers and TTL, the engine's
 behaviour. There, ``peek*State`` reads the checkpoint; ``update*State`` and ``deleteState``
-are refused (state only changes through the processor there) and so is ``setWatermark``
-(the host derives the watermark from event times).
+write the key's state in a batch of their own, through the component's state imports, so
+the host checks each value against the variable's schema (the driver builds the processor
+with a hook that applies those writes instead of calling ``handleInputRows``);
+``setWatermark`` moves the query's watermark, and the engine fires the event-time timers
+(and expires event-time TTL) due by it, as in production.
 """
 
 import inspect
@@ -288,17 +291,10 @@ class TwsTester:
     def _state(self, stateName, kind):
         found = self._states.get(stateName)
         if found is None:
-            raise KeyError(f"State {stateName} has not been initialized.")
+            raise AssertionError(f"State {stateName} has not been initialized.")
         if found[0] != kind:
             raise TypeError(f"State {stateName} is a {found[0]} state, not a {kind} state")
         return found[1]
-
-    def _native_only(self, what):
-        if self._host is not None:
-            raise NotImplementedError(
-                f"TwsTester.{what} is not available against the real host: state changes "
-                f"there only through the processor (give it input, or initialStateRow)"
-            )
 
     # --- Spark's API --------------------------------------------------------------------
 
@@ -321,8 +317,10 @@ class TwsTester:
         )
 
     def updateValueState(self, stateName, key, value):
-        self._native_only("updateValueState")
         state = self._state(stateName, "value")
+        if self._host is not None:
+            op = {"var": stateName, "op": "value", "value": state._c.dumps(value)}
+            return self._host.write(_as_key(key), [op])
         self._memory.key = _as_key(key)
         state.update(value)
 
@@ -334,8 +332,10 @@ class TwsTester:
         return state.get()
 
     def updateListState(self, stateName, key, value):
-        self._native_only("updateListState")
         state = self._state(stateName, "list")
+        if self._host is not None:
+            texts = [state._c.dumps(v) for v in value]
+            return self._host.write(_as_key(key), [{"var": stateName, "op": "list", "values": texts}])
         self._memory.key = _as_key(key)
         if value:
             state.put(value)
@@ -350,8 +350,12 @@ class TwsTester:
         return list(state.get())
 
     def updateMapState(self, stateName, key, value):
-        self._native_only("updateMapState")
         state = self._state(stateName, "map")
+        if self._host is not None:
+            entries = [[state._k.dumps(k), state._v.dumps(v)] for k, v in dict(value).items()]
+            return self._host.write(
+                _as_key(key), [{"var": stateName, "op": "map", "entries": entries}]
+            )
         self._memory.key = _as_key(key)
         state.clear()
         for k, v in dict(value).items():
@@ -365,10 +369,11 @@ class TwsTester:
         return dict(state.iterator())
 
     def deleteState(self, stateName, key):
-        self._native_only("deleteState")
         kind, state = self._states.get(stateName, (None, None))
         if state is None:
-            raise KeyError(f"State {stateName} has not been initialized.")
+            raise AssertionError(f"State {stateName} has not been initialized.")
+        if self._host is not None:
+            return self._host.write(_as_key(key), [{"var": stateName, "op": "delete"}])
         self._memory.key = _as_key(key)
         state.clear()
 
@@ -391,17 +396,14 @@ class TwsTester:
         """Moves the watermark forward and fires the due event-time timers."""
         if self._timeMode != "eventtime":
             raise ValueError("setWatermark needs timeMode EventTime")
-        if self._host is not None:
-            raise NotImplementedError(
-                "TwsTester.setWatermark is not available against the real host: the host "
-                "derives the watermark from the event times of the input"
-            )
         if currentWatermarkMs <= self._watermarkMs:
             raise ValueError(
                 f"Watermark must move forward. Current: {self._watermarkMs} ms, provided: "
                 f"{currentWatermarkMs} ms."
             )
         self._watermarkMs = currentWatermarkMs
+        if self._host is not None:
+            return self._host.set_watermark(currentWatermarkMs)
         return self._fire(currentWatermarkMs)
 
     def _fire(self, threshold):
@@ -472,6 +474,8 @@ class _HostDriver:
             text=True,
         )
         self.opened = False
+        self.event_time = tester._timeMode == "eventtime"
+        self.watermark = None  # set before the query opened: applied when it opens
         self.source = source
         self.class_name = type(tester.processor).__name__
 
@@ -506,10 +510,13 @@ class _HostDriver:
                     "time_mode": _TIME_MODES[self.tester._timeMode],
                     "output_mode": str(self.tester._outputMode).lower(),
                     "initial_state": initial,
+                    "event_time": self.event_time,
                 }
             }
         )
         self.opened = True
+        if self.watermark is not None:
+            self._send({"watermark": self.watermark, "at_ms": self.tester._processingTimeMs})
 
     def _rows(self, emitted):
         out = []
@@ -529,8 +536,31 @@ class _HostDriver:
             obj = {k: _plain(v) for k, v in obj.items()}
             for col, v in zip(self.key_columns, key):
                 obj[col] = _plain(v)
+            if self.event_time:
+                obj["__event_time"] = _plain(self.tester._eventTimeExtractor(r))
             batch.append(obj)
         answer = self._send({"batch": batch, "at_ms": self.tester._processingTimeMs})
+        return self._rows(answer.get("emitted", []))
+
+    def write(self, key, ops):
+        """Writes ``key``'s state (a batch of its own; nothing is emitted)."""
+        if not self.opened:
+            self._open(key)
+        if len(key) != len(self.key_columns):
+            raise ValueError(f"every key must have {len(self.key_columns)} column(s), got {key!r}")
+        self._send(
+            {
+                "state": {"key": [_plain(v) for v in key], "ops": ops},
+                "at_ms": self.tester._processingTimeMs,
+            }
+        )
+
+    def set_watermark(self, watermark_ms):
+        if not self.opened:
+            # No query yet, so no timers: the watermark applies once it opens.
+            self.watermark = watermark_ms
+            return []
+        answer = self._send({"watermark": watermark_ms, "at_ms": self.tester._processingTimeMs})
         return self._rows(answer.get("emitted", []))
 
     def advance(self, at_ms):
