@@ -670,3 +670,86 @@ fn processed_input_is_reclaimed_and_disk_use_is_capped() {
     );
     assert_eq!(progress, accepted + 1010);
 }
+
+#[test]
+fn the_state_quota_binds_before_a_batch_commits() {
+    const HOSTILE_CALLS: &str = env!("STATEBOX_GUEST_HOSTILE_CALLS");
+    let scratch = Scratch::new();
+    let server = Server::start(&data_dir(&scratch), &[]);
+    let a = tenant(&server, "a", json!({}));
+    let other = tenant(&server, "other", json!({}));
+    let processor = a.processor(HOSTILE_CALLS);
+    let p = a.pipeline(json!({"processor": processor, "key": "k", "partitions": 1}));
+    a.rows(
+        &p,
+        &[json!({"k": "small", "action": "write-flood", "n": 1})],
+    )
+    .ok();
+    a.wait_processed(&p, 1);
+    let before = a.status(&p);
+    let output_before = before["status"]["committed_output_bytes"].as_u64().unwrap();
+    let batch_before = before["status"]["last_progress"]["batch_id"].clone();
+    let used = a.get("/v1/tenant").ok()["usage"]["state_bytes"]
+        .as_u64()
+        .unwrap();
+    assert!(used > 1 << 20, "one value of 1 MiB is stored: {used}");
+    let me = a.get("/v1/tenant").ok()["id"].as_str().unwrap().to_owned();
+    let quota = used + (512 << 10);
+    admin(
+        &server,
+        "PATCH",
+        &format!("/v1/tenants/{me}/quotas"),
+        Some(&json!({"max_state_bytes": quota})),
+    )
+    .ok();
+
+    // The attack: one batch writes another MiB, past what is left of the quota.
+    a.rows(&p, &[json!({"k": "big", "action": "write-flood", "n": 1})])
+        .ok();
+    let reason = a.wait_failed(&p);
+    for fragment in [
+        "max_state_bytes",
+        &quota.to_string(),
+        "nothing of the batch was committed",
+    ] {
+        assert!(reason.contains(fragment), "`{fragment}` in: {reason}");
+    }
+    // Nothing of the batch is visible: no output, no progress, no state, no bytes.
+    let after = a.status(&p);
+    assert_eq!(
+        after["status"]["committed_output_bytes"].as_u64().unwrap(),
+        output_before
+    );
+    assert_eq!(after["status"]["last_progress"]["batch_id"], batch_before);
+    let usage = a.get("/v1/tenant").ok()["usage"]["state_bytes"]
+        .as_u64()
+        .unwrap();
+    assert!(usage <= quota, "{usage} bytes of state, quota {quota}");
+    let blobs = a.get(&format!("/v1/pipelines/{p}/state?var=blob")).ok();
+    let keys: Vec<&str> = blobs["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["key"]["k"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["small"]);
+    // Ingest says why; another tenant is untouched.
+    a.rows(&p, &[json!({"k": "more", "action": "ok"})])
+        .error(403, &["max_state_bytes"]);
+    good_tenant_works(&other, 5);
+
+    // With room, the same batch runs again and commits: it was refused, never lost.
+    admin(
+        &server,
+        "PATCH",
+        &format!("/v1/tenants/{me}/quotas"),
+        Some(&json!({"max_state_bytes": used + (16 << 20)})),
+    )
+    .ok();
+    a.post(&format!("/v1/pipelines/{p}/start"), &json!({})).ok();
+    a.wait_processed(&p, 2);
+    let out = a.output(&p, 100);
+    assert_eq!(out.len(), 2);
+    assert_eq!(out[1]["k"], "big");
+    assert_eq!(out[1]["count"], 1);
+}

@@ -79,6 +79,18 @@ pub enum EngineError {
     /// The state store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The batch would write more state than [`Query::set_state_write_limit`] allows; it
+    /// committed nothing.
+    #[error(
+        "the batch would write {bytes} bytes of state (values, timers and their change log), \
+         more than the {limit} bytes it may write; nothing of it was committed"
+    )]
+    StateLimit {
+        /// Bytes the batch's state writes take.
+        bytes: u64,
+        /// The limit it was checked against.
+        limit: u64,
+    },
 }
 
 /// How to run a query.
@@ -191,6 +203,8 @@ pub struct Query {
     head: Option<CommitRecord>,
     sink: Output,
     scanner: statebox_schema::RowScanner,
+    /// Bytes of state the next batch may write (see [`Query::set_state_write_limit`]).
+    state_write_limit: Option<u64>,
 }
 
 /// Where a query's rows go.
@@ -435,7 +449,17 @@ impl Query {
             head,
             sink,
             scanner,
+            state_write_limit: None,
         })
+    }
+
+    /// Bounds the state the batches run from now on may write: a batch whose state writes
+    /// (the keys and values of its partitions' overlays, and their change log) come to
+    /// more than `limit` bytes fails with [`EngineError::StateLimit`] before anything of
+    /// it is written, output included. `None` (the default) lifts the bound. A server
+    /// sets it before each batch to what is left of a tenant's state quota.
+    pub fn set_state_write_limit(&mut self, limit: Option<u64>) {
+        self.state_write_limit = limit;
     }
 
     /// The settings recorded in the checkpoint.
@@ -709,11 +733,18 @@ impl Query {
             batch_timestamp_ms: plan.timestamp_ms,
             watermark_ms: plan.watermark_ms,
         };
-        let results = self
+        let mut results = self
             .execute(inputs, initial_inputs, times, &file_names)
             .map_err(locate)?;
         let process_ms = started.elapsed().as_millis() as u64 - read_ms;
 
+        // Checked before the output is appended: a batch over the limit leaves no trace.
+        if let Some(limit) = self.state_write_limit {
+            let bytes = results.iter_mut().map(|r| r.txn.written_bytes()).sum();
+            if bytes > limit {
+                return Err(EngineError::StateLimit { bytes, limit });
+            }
+        }
         let mut txns = Vec::with_capacity(results.len());
         let mut output = Vec::new();
         let mut output_list = Vec::new();

@@ -1228,8 +1228,14 @@ async fn ingest(
         "request",
     )
     .await?;
-    if let Err(reason) = app
-        .check_state_quota(&tenant)
+    let stopped_at_quota = handle
+        .state_quota_failure
+        .lock()
+        .expect("state quota lock")
+        .clone();
+    if let Err(reason) = stopped_at_quota
+        .map_or(Ok(()), Err)
+        .and_then(|()| app.check_state_quota(&tenant))
         .and_then(|()| app.check_disk_quota(&tenant, body.len() as u64))
     {
         app.count_rejected(&tenant);

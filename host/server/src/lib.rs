@@ -804,7 +804,16 @@ impl App {
         self.artefacts.size(hash)
     }
 
-    /// Refuses when the tenant's state is over its quota.
+    /// The bytes of state the tenant's pipelines take on disk, and its quota.
+    pub(crate) fn state_usage(&self, tenant: &str) -> (u64, u64) {
+        (
+            self.state_bytes(tenant),
+            self.quotas(tenant).max_state_bytes,
+        )
+    }
+
+    /// Refuses when the tenant's state is over its quota (an admin lowered it below what
+    /// the tenant holds).
     pub(crate) fn check_state_quota(&self, tenant: &str) -> Result<(), String> {
         let limit = self.quotas(tenant).max_state_bytes;
         let used = self.state_bytes(tenant);

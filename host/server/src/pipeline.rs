@@ -3,8 +3,9 @@
 //!
 //! A failed batch commits nothing (the engine's guarantee); the runner retries it with
 //! exponential backoff and marks the pipeline failed, with the reason, after the configured
-//! number of attempts. Quota violations (state bytes) fail the pipeline at once, and so
-//! does a panic anywhere in the runner (a partition worker's included).
+//! number of attempts. A batch that would take the tenant's state past its quota fails
+//! before it commits and fails the pipeline at once, and so does a panic anywhere in the
+//! runner (a partition worker's included).
 //!
 //! Nothing waits on a runner without a bound: a runner may be inside a guest call that
 //! takes its whole deadline (or longer, if the guest found a way to block). Stopping asks
@@ -21,7 +22,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use statebox_engine::{BatchReport, CommitRecord, Query, QueryOptions, TimeMode};
+use statebox_engine::{BatchReport, CommitRecord, EngineError, Query, QueryOptions, TimeMode};
 use statebox_schema::RowScanner;
 
 use crate::App;
@@ -148,6 +149,9 @@ pub(crate) struct PipelineHandle {
     /// Whether `ingest` holds the processor's checks (false while a pipeline resumes after
     /// a restart and its processor is not loaded yet: ingest then waits).
     pub checks_ready: std::sync::atomic::AtomicBool,
+    /// Why the pipeline stopped at its tenant's state quota (ingest is refused with it
+    /// until the pipeline starts again).
+    pub state_quota_failure: Mutex<Option<String>>,
     commands: Mutex<Option<mpsc::Sender<Command>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -178,6 +182,7 @@ impl PipelineHandle {
             metrics: PipelineMetrics::default(),
             ingest: Mutex::new(Arc::new(ingest)),
             checks_ready: std::sync::atomic::AtomicBool::new(true),
+            state_quota_failure: Mutex::new(None),
             commands: Mutex::new(None),
             thread: Mutex::new(None),
         })
@@ -428,6 +433,11 @@ impl Runner {
             .metrics
             .state_bytes
             .store(state_bytes, Ordering::Relaxed);
+        *self
+            .handle
+            .state_quota_failure
+            .lock()
+            .expect("state quota lock") = None;
         self.set_status(|s| {
             s.state = RunState::Running;
             s.failure = None;
@@ -562,10 +572,11 @@ impl Runner {
         let mut ran = 0;
         while ran < BATCHES_PER_ROUND {
             self.spec.factory.budget.reset();
+            self.limit_state(query);
             match query.run_next(None) {
                 Ok(Some(report)) => {
                     ran += 1;
-                    self.record(&report)?;
+                    self.record(&report);
                 }
                 Ok(None) => {
                     if ran > 0 {
@@ -577,7 +588,7 @@ impl Runner {
                     }
                     break;
                 }
-                Err(e) => return Err(Failure::Batch(e.to_string())),
+                Err(e) => return Err(self.failure(e)),
             }
         }
         if ran == BATCHES_PER_ROUND {
@@ -585,15 +596,48 @@ impl Runner {
         }
         if ran == 0 && tick && self.spec.time_mode != TimeMode::None {
             self.spec.factory.budget.reset();
-            let report = query
-                .run_no_data(None)
-                .map_err(|e| Failure::Batch(e.to_string()))?;
-            self.record(&report)?;
+            self.limit_state(query);
+            let report = query.run_no_data(None).map_err(|e| self.failure(e))?;
+            self.record(&report);
         }
         Ok(false)
     }
 
-    fn record(&self, report: &BatchReport) -> Result<(), Failure> {
+    /// Lets the next batch write at most what is left of the tenant's state quota (over
+    /// all its pipelines, as measured on disk after their last commits), so that no batch
+    /// commits past it.
+    fn limit_state(&self, query: &mut Query) {
+        if let Some(app) = self.app.upgrade() {
+            let (used, quota) = app.state_usage(&self.handle.tenant);
+            query.set_state_write_limit(Some(quota.saturating_sub(used)));
+        }
+    }
+
+    /// What a failed batch means for the pipeline: one over the state quota stops it (it
+    /// would fail again), anything else is retried.
+    fn failure(&self, e: EngineError) -> Failure {
+        let EngineError::StateLimit { bytes, limit } = e else {
+            return Failure::Batch(e.to_string());
+        };
+        let quota = self
+            .app
+            .upgrade()
+            .map_or(0, |app| app.state_usage(&self.handle.tenant).1);
+        let reason = format!(
+            "the batch would write {bytes} bytes of state, but only {limit} bytes are left \
+             of the tenant's state quota of {quota} bytes (`max_state_bytes`, over all its \
+             pipelines); nothing of the batch was committed. Raise the quota and start the \
+             pipeline again"
+        );
+        *self
+            .handle
+            .state_quota_failure
+            .lock()
+            .expect("state quota lock") = Some(reason.clone());
+        Failure::Fatal(reason)
+    }
+
+    fn record(&self, report: &BatchReport) {
         let c = &report.commit;
         let m = &self.handle.metrics;
         m.input_rows.fetch_add(c.input_rows, Ordering::Relaxed);
@@ -617,11 +661,6 @@ impl Runner {
             duration_ms = c.duration_ms,
             "batch committed"
         );
-        if let Some(app) = self.app.upgrade() {
-            app.check_state_quota(&self.handle.tenant)
-                .map_err(Failure::Fatal)?;
-        }
-        Ok(())
     }
 }
 

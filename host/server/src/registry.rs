@@ -23,8 +23,10 @@ pub struct Quotas {
     pub max_upload_bytes: u64,
     /// Largest ingest request body, in bytes (HTTP 413 beyond it).
     pub max_ingest_request_bytes: u64,
-    /// State bytes on disk over all the tenant's pipelines; a pipeline whose batch takes the
-    /// tenant past it is marked failed, and ingest is refused (HTTP 403).
+    /// State bytes on disk over all the tenant's pipelines. Checked before a batch
+    /// commits: a batch whose state writes (values, timers, their change log) would take
+    /// the tenant past it commits nothing and fails its pipeline, whose ingest is then
+    /// refused (HTTP 403) until it is started again.
     pub max_state_bytes: u64,
     /// CPU deadline of one processor call, in milliseconds.
     pub call_cpu_ms: u64,

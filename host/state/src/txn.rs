@@ -82,6 +82,9 @@ struct VarBucket {
 struct Sealed {
     ops: Vec<WriteOp>,
     point_writes: usize,
+    /// Bytes of keys and values `ops` and `changes` write (see
+    /// [`PartitionTxn::written_bytes`]).
+    bytes: u64,
     /// The change log entries of `ops`' point writes (see [`crate::changelog`]); the
     /// commit adds the keys `ops`' range tombstones remove. Reading the before-images may
     /// fail; the commit reports it.
@@ -586,9 +589,19 @@ impl PartitionTxn {
             let ops = overlay.into_ops();
             let mut changes = Vec::new();
             let changes = changelog::push_ops(&mut changes, &ops, &*self.engine).map(|()| changes);
+            let op_bytes: usize = ops
+                .iter()
+                .map(|op| match op {
+                    WriteOp::Put(k, v) => k.len() + v.len(),
+                    WriteOp::Delete(k) => k.len(),
+                    WriteOp::DeleteRange(start, end) => start.len() + end.len(),
+                })
+                .sum();
+            let log_bytes = changes.as_ref().map_or(0, Vec::len);
             self.sealed = Some(Sealed {
                 ops,
                 point_writes,
+                bytes: (op_bytes + log_bytes) as u64,
                 changes,
             });
         }
@@ -606,6 +619,16 @@ impl PartitionTxn {
         self.seal();
         self.sealed
             .map_or((Vec::new(), Ok(Vec::new())), |s| (s.ops, s.changes))
+    }
+
+    /// Bytes the commit writes for this transaction, sealing it first if needed: the keys
+    /// and values of its operations (a delete counts its key, a range delete its bounds)
+    /// and of its point writes' change log. What a state quota is checked against before
+    /// the commit; the change log of keys that range deletes remove, which the commit adds,
+    /// is not counted (it only records what is being removed).
+    pub fn written_bytes(&mut self) -> u64 {
+        self.seal();
+        self.sealed.as_ref().map_or(0, |s| s.bytes)
     }
 
     /// Number of write-batch operations [`Self::into_ops`] gives (an estimate before
@@ -971,6 +994,24 @@ mod tests {
         match op {
             WriteOp::Put(k, _) | WriteOp::Delete(k) | WriteOp::DeleteRange(k, _) => k,
         }
+    }
+
+    #[test]
+    fn written_bytes_count_the_values_keys_and_change_log_a_commit_writes() {
+        let cp = Checkpoint::in_memory();
+        assert_eq!(cp.txn(0).written_bytes(), 0, "nothing written");
+        let mut txn = cp.txn(0);
+        txn.value_put(1, b"k", v(&"x".repeat(10_000))).unwrap();
+        // The value, and the change log's copy of it.
+        let first = txn.written_bytes();
+        assert!(first > 20_000 && first < 20_200, "{first}");
+        commit(&cp, txn);
+        // Overwriting a value logs its before-image too.
+        let mut txn = cp.txn(0);
+        txn.value_put(1, b"k", v(&"y".repeat(10_000))).unwrap();
+        let second = txn.written_bytes();
+        assert!(second > 30_000 && second < 30_300, "{second}");
+        assert_eq!(txn.written_bytes(), second, "sealed once");
     }
 
     #[test]
