@@ -1087,6 +1087,106 @@ fn admin_put(server: &Server, path: &str, body: &Value) -> Reply {
     )
 }
 
+/// `wasm` with a custom section appended: the same code as another component (another
+/// digest, so another processor id).
+fn with_custom_section(wasm: &[u8], payload: &[u8]) -> Vec<u8> {
+    fn leb128(mut n: usize, out: &mut Vec<u8>) {
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+    let name = b"statebox-test";
+    let mut body = Vec::new();
+    leb128(name.len(), &mut body);
+    body.extend_from_slice(name);
+    body.extend_from_slice(payload);
+    let mut out = wasm.to_vec();
+    out.push(0);
+    leb128(body.len(), &mut out);
+    out.extend_from_slice(&body);
+    out
+}
+
+/// Issue 12: an outbound-HTTP grant belongs to the component it was given for. A tenant
+/// that upgrades its granted pipeline to another component (here the same code with one
+/// more byte, the least a tenant could change) loses the grant until the admin grants
+/// again; the grant does not come back by upgrading once more.
+#[test]
+fn an_http_grant_does_not_pass_to_an_upgraded_processor() {
+    let scratch = Scratch::new();
+    let server = Server::start(&data_dir(&scratch), &[]);
+    let t = tenant(&server, "caller", json!({}));
+    let a = TestHttp::start(false);
+    let wasm = std::fs::read(env!("STATEBOX_GUEST_HTTP_CALL")).unwrap();
+    let granted_for = t.upload(&wasm).ok()["id"].as_str().unwrap().to_owned();
+    let other = t
+        .upload(&with_custom_section(&wasm, b"another component"))
+        .ok()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_ne!(granted_for, other);
+    let p = t.pipeline(json!({"processor": granted_for, "key": "k", "trigger_interval_ms": 50}));
+    let path = format!("/v1/pipelines/{p}/capabilities");
+    let granted = admin_put(&server, &path, &json!({"http_hosts": [a.addr]})).ok();
+    assert_eq!(granted["http_hosts"], json!([a.addr]));
+    assert!(granted["http_hosts_for"].is_string(), "{granted}");
+    t.rows(&p, &[json!({"k": "before", "url": a.url("/")})])
+        .ok();
+    let out = t.wait_output(&p, 1);
+    assert_eq!(out[0]["status"], 200, "{}", out[0]);
+    assert_eq!(a.hits(), 1);
+
+    // The attack: upgrade to another component, keep calling.
+    let upgraded = t
+        .put(
+            &format!("/v1/pipelines/{p}/processor"),
+            &json!({"processor": other}),
+        )
+        .ok();
+    assert_eq!(upgraded["http_grant_dropped"], true, "{upgraded}");
+    assert_eq!(upgraded["http_hosts"], json!([]));
+    assert_eq!(t.status(&p)["http_hosts"], json!([]));
+    t.rows(&p, &[json!({"k": "after", "url": a.url("/")})]).ok();
+    let out = t.wait_output(&p, 2);
+    assert_eq!(out[1]["k"], "after");
+    assert_eq!(out[1]["status"], -1, "{}", out[1]);
+    assert!(
+        out[1]["error"]
+            .as_str()
+            .unwrap()
+            .contains("HttpRequestDenied"),
+        "{}",
+        out[1]
+    );
+    assert_eq!(a.hits(), 1, "the upgraded processor reached the service");
+
+    // Back to the component the grant was for: the grant is gone, not suspended.
+    t.put(
+        &format!("/v1/pipelines/{p}/processor"),
+        &json!({"processor": granted_for}),
+    )
+    .ok();
+    t.rows(&p, &[json!({"k": "back", "url": a.url("/")})]).ok();
+    let out = t.wait_output(&p, 3);
+    assert_eq!(out[2]["status"], -1, "{}", out[2]);
+    assert_eq!(a.hits(), 1);
+
+    // The admin grants again: the component running now gets it.
+    admin_put(&server, &path, &json!({"http_hosts": [a.addr]})).ok();
+    t.rows(&p, &[json!({"k": "regranted", "url": a.url("/")})])
+        .ok();
+    let out = t.wait_output(&p, 4);
+    assert_eq!(out[3]["status"], 200, "{}", out[3]);
+    assert_eq!(a.hits(), 2);
+}
+
 /// Issue 6 item 6: processors get no network by default; only the admin can grant a
 /// pipeline outbound HTTP, to an allow-list of hosts, and a grant for one host does not
 /// open another. A denied request is an error the guest sees, not a failed pipeline.

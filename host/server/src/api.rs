@@ -1020,6 +1020,7 @@ async fn create_pipeline(
         failure: None,
         created_ms: now_ms(),
         http_hosts: Vec::new(),
+        http_hosts_for: None,
     };
     let mut initial = String::new();
     for (i, row) in req.initial_state.iter().flatten().enumerate() {
@@ -1518,6 +1519,15 @@ async fn upgrade_pipeline(
     let (app2, h2) = (app.clone(), h.clone());
     let mut upgraded = record.clone();
     upgraded.processor = new.id.clone();
+    // An outbound-HTTP grant was given for the component the pipeline ran; another
+    // component does not inherit it (the admin grants again if it should have it).
+    let new_hash = new.hash.clone();
+    let mut grant_dropped = !upgraded.http_hosts.is_empty()
+        && upgraded.http_hosts_for.as_deref() != Some(new_hash.as_str());
+    if grant_dropped {
+        upgraded.http_hosts.clear();
+        upgraded.http_hosts_for = None;
+    }
     let upgraded2 = upgraded.clone();
     let report = blocking(move || -> Result<String> {
         let loaded = app2
@@ -1575,13 +1585,25 @@ async fn upgrade_pipeline(
         let mut registry = app.registry.lock().expect("registry lock");
         if let Some(r) = registry.data.pipelines.get_mut(&id) {
             r.processor = upgraded.processor.clone();
+            // Checked again here: a grant stored meanwhile was for the old component.
+            if r.http_hosts_for.as_deref() != Some(new_hash.as_str()) {
+                grant_dropped |= !r.http_hosts.is_empty();
+                r.http_hosts.clear();
+                r.http_hosts_for = None;
+            }
             upgraded = r.clone();
         }
         save(&registry)?;
     }
-    tracing::info!(pipeline = %id, processor = %upgraded.processor, "pipeline upgraded");
+    tracing::info!(
+        pipeline = %id,
+        processor = %upgraded.processor,
+        http_grant_dropped = grant_dropped,
+        "pipeline upgraded"
+    );
     let mut body = pipeline_json(&upgraded, Some(&h));
     body["upgrade_report"] = json!(report);
+    body["http_grant_dropped"] = json!(grant_dropped);
     Ok(axum::Json(body))
 }
 
@@ -1629,8 +1651,27 @@ async fn grant_capabilities(
     granted.http_hosts = hosts;
     {
         let mut registry = app.registry.lock().expect("registry lock");
+        // The grant is for the component the pipeline runs now (read under the same lock
+        // an upgrade stores the new processor under, so it names the one that gets it).
+        let Some(current) = registry
+            .data
+            .pipelines
+            .get(&id)
+            .map(|r| r.processor.clone())
+        else {
+            return Err(ApiError::not_found("pipeline", &id));
+        };
+        let digest = registry
+            .data
+            .processors
+            .get(&Registry::processor_key(&record.tenant, &current))
+            .map(|p| p.hash.clone())
+            .ok_or_else(|| {
+                ApiError::internal(format!("the pipeline's processor `{current}` is missing"))
+            })?;
         if let Some(r) = registry.data.pipelines.get_mut(&id) {
             r.http_hosts = granted.http_hosts.clone();
+            r.http_hosts_for = (!r.http_hosts.is_empty()).then_some(digest);
             granted = r.clone();
         }
         save(&registry)?;

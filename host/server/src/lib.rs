@@ -683,8 +683,14 @@ impl App {
         let path = self.blob_path(&record.hash);
         let bytes = std::fs::read(&path)
             .map_err(|e| format!("cannot read processor {}: {e}", path.display()))?;
+        // A grant is for the component it was given for, never for another one.
+        let http_hosts = if pipeline.http_hosts_for.as_deref() == Some(record.hash.as_str()) {
+            pipeline.http_hosts.clone()
+        } else {
+            Vec::new()
+        };
         let limits = statebox_runtime::Limits {
-            http_hosts: pipeline.http_hosts.clone(),
+            http_hosts,
             ..self.quotas(&pipeline.tenant).limits()
         };
         self.load(&bytes, limits).map_err(|e| e.to_string())

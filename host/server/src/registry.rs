@@ -220,6 +220,11 @@ pub struct PipelineRecord {
     /// empty, the default, denies every request.
     #[serde(default)]
     pub http_hosts: Vec<String>,
+    /// BLAKE3 of the component `http_hosts` was granted for (the pipeline's processor at
+    /// the time of the grant). The grant applies to that component only: an upgrade to
+    /// another one drops it, and a processor is loaded with it only if the digests match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_hosts_for: Option<String>,
 }
 
 /// Everything the registry file holds.
@@ -250,10 +255,29 @@ impl Registry {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => RegistryData::default(),
             Err(e) => anyhow::bail!("cannot read the registry {}: {e}", path.display()),
         };
-        Ok(Registry {
+        let mut registry = Registry {
             path: path.to_owned(),
             data,
-        })
+        };
+        registry.bind_unbound_grants();
+        Ok(registry)
+    }
+
+    /// Binds each HTTP grant stored before grants named their component (no
+    /// `http_hosts_for`) to the pipeline's processor now, the one it has run with since.
+    fn bind_unbound_grants(&mut self) {
+        let RegistryData {
+            processors,
+            pipelines,
+            ..
+        } = &mut self.data;
+        for p in pipelines.values_mut() {
+            if !p.http_hosts.is_empty() && p.http_hosts_for.is_none() {
+                p.http_hosts_for = processors
+                    .get(&Registry::processor_key(&p.tenant, &p.processor))
+                    .map(|r| r.hash.clone());
+            }
+        }
     }
 
     /// Writes the registry durably and atomically.
