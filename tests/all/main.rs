@@ -10,6 +10,7 @@ mod console;
 mod exactly_once;
 mod examples;
 mod js;
+mod kafka;
 mod pyspark_docs;
 mod pyspark_http;
 mod pyspark_tws;

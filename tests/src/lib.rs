@@ -2,6 +2,8 @@
 //! scratch directories with input, output and checkpoint, running the CLI, and running a
 //! query in-process through the engine.
 
+pub mod kafka;
+
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
