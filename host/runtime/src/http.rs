@@ -120,26 +120,6 @@ impl HttpHooks {
         self.sent = 0;
     }
 
-    /// Whether a request may go to `ip`, an address the request's host name resolved to (or
-    /// its literal address). Addresses inside this machine or its private networks
-    /// (loopback, private, link-local, unique-local, unspecified, shared, multicast) are
-    /// refused unless an allow-list entry names that very address with the request's port,
-    /// so a granted name that resolves (or is re-pointed) to an internal address reaches
-    /// nothing inside.
-    fn allows_address(&self, ip: IpAddr, port: u16) -> bool {
-        if !is_internal(ip) {
-            return true;
-        }
-        self.allow.iter().any(|h| {
-            h.host
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .parse::<IpAddr>()
-                == Ok(ip)
-                && h.port.is_none_or(|p| p == port)
-        })
-    }
-
     fn allows(&self, scheme: Option<&Scheme>, authority: Option<&Authority>) -> bool {
         let Some(authority) = authority else {
             return false;
@@ -196,9 +176,8 @@ impl WasiHttpHooks for HttpHooks {
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_owned();
-        let allowed_addresses = AddressCheck {
-            hooks: self.allow.clone(),
-        };
+        // The address half of the check runs in the request's future.
+        let allow = self.allow.clone();
         let deadline = self.deadline.at();
         let remaining = deadline.saturating_duration_since(Instant::now());
         let bound = |asked: Option<Duration>| Some(asked.map_or(remaining, |d| d.min(remaining)));
@@ -230,7 +209,7 @@ impl WasiHttpHooks for HttpHooks {
             };
             if let Some(ip) = addresses
                 .iter()
-                .find(|ip| !allowed_addresses.allows(**ip, port))
+                .find(|ip| !allows_address(&allow, **ip, port))
             {
                 tracing::debug!(%host, %ip, "outbound HTTP request denied: the host resolves to an internal address");
                 return Err(Error::DestinationIpProhibited);
@@ -265,20 +244,24 @@ impl WasiHttpHooks for HttpHooks {
     }
 }
 
-/// The address half of the allow-list check, carried into the request's future.
-struct AddressCheck {
-    hooks: Arc<[HttpHost]>,
-}
-
-impl AddressCheck {
-    fn allows(&self, ip: IpAddr, port: u16) -> bool {
-        HttpHooks {
-            allow: self.hooks.clone(),
-            deadline: CallDeadline::default(),
-            sent: 0,
-        }
-        .allows_address(ip, port)
+/// Whether a request may go to `ip`, an address the request's host name resolved to (or
+/// its literal address), under the allow-list `allow`. Addresses inside this machine or its
+/// private networks (loopback, private, link-local, unique-local, unspecified, shared,
+/// multicast) are refused unless an allow-list entry names that very address with the
+/// request's port, so a granted name that resolves (or is re-pointed) to an internal
+/// address reaches nothing inside.
+fn allows_address(allow: &[HttpHost], ip: IpAddr, port: u16) -> bool {
+    if !is_internal(ip) {
+        return true;
     }
+    allow.iter().any(|h| {
+        h.host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<IpAddr>()
+            == Ok(ip)
+            && h.port.is_none_or(|p| p == port)
+    })
 }
 
 /// Whether `ip` is an address of this machine or of a private or special-purpose network
@@ -404,12 +387,12 @@ mod tests {
         let h = hooks(&["api.example.com", "127.0.0.1:8080", "[::1]"]);
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         // A public address is fine for any granted name.
-        assert!(h.allows_address(ip("93.184.216.34"), 443));
-        assert!(h.allows_address(ip("2606:2800:220:1::1"), 443));
+        assert!(allows_address(&h.allow, ip("93.184.216.34"), 443));
+        assert!(allows_address(&h.allow, ip("2606:2800:220:1::1"), 443));
         // Internal addresses only where the grant names that address (and port).
-        assert!(h.allows_address(ip("127.0.0.1"), 8080));
-        assert!(!h.allows_address(ip("127.0.0.1"), 8081));
-        assert!(h.allows_address(ip("::1"), 9));
+        assert!(allows_address(&h.allow, ip("127.0.0.1"), 8080));
+        assert!(!allows_address(&h.allow, ip("127.0.0.1"), 8081));
+        assert!(allows_address(&h.allow, ip("::1"), 9));
         for internal in [
             "10.1.2.3",
             "172.16.0.1",
@@ -424,7 +407,7 @@ mod tests {
             "::",
         ] {
             assert!(is_internal(ip(internal)), "{internal}");
-            assert!(!h.allows_address(ip(internal), 80), "{internal}");
+            assert!(!allows_address(&h.allow, ip(internal), 80), "{internal}");
         }
     }
 }
