@@ -106,9 +106,7 @@ fn build_js(path: &Path) -> anyhow::Result<PathBuf> {
             sdk.display()
         );
     }
-    let cache = crate::cache_dir()
-        .map(|dir| dir.join("js"))
-        .unwrap_or_else(|| std::env::temp_dir().join("statebox-js-components"));
+    let cache = user_cache_dir("js")?;
     eprintln!("building JavaScript processor {} ...", path.display());
     let output = Command::new(std::env::var_os("STATEBOX_NODE").unwrap_or_else(|| "node".into()))
         .arg(&script)
@@ -131,6 +129,68 @@ fn build_js(path: &Path) -> anyhow::Result<PathBuf> {
     Ok(wasm)
 }
 
+/// The directory `sub` of this user's cache of built components: under the CLI's cache
+/// (`$STATEBOX_CACHE_DIR`, `$XDG_CACHE_HOME/statebox/components` or
+/// `$HOME/.cache/statebox/components`). Without a home or cache directory, under
+/// `statebox-<uid>` in the system's temporary directory, which must be this user's own:
+/// created with mode 0700, or, if it exists, a real directory (not a symlink) owned by
+/// this user that nobody else can write to. Anything else there is refused, since
+/// another user could have planted components in it, or a symlink to elsewhere.
+pub(crate) fn user_cache_dir(sub: &str) -> anyhow::Result<PathBuf> {
+    if let Some(dir) = crate::cache_dir() {
+        return Ok(dir.join(sub));
+    }
+    let dir = private_dir(&std::env::temp_dir(), &format!("statebox-{}", euid()))?;
+    Ok(dir.join(sub))
+}
+
+fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// `parent/name`, created with mode 0700 if it does not exist, and checked to be a
+/// directory (not a symlink) owned by this user and closed to everyone else.
+fn private_dir(parent: &Path, name: &str) -> anyhow::Result<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let dir = parent.join(name);
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => {
+            return Err(e).with_context(|| format!("cannot create the cache {}", dir.display()));
+        }
+    }
+    // Not followed: a symlink planted under this name is refused, not trusted.
+    let meta = std::fs::symlink_metadata(&dir)
+        .with_context(|| format!("cannot read the cache {}", dir.display()))?;
+    if !meta.file_type().is_dir() {
+        bail!(
+            "the cache {} is not a directory (a symlink or file someone else may have put \
+             there); remove it, or set STATEBOX_CACHE_DIR or HOME",
+            dir.display()
+        );
+    }
+    if meta.uid() != euid() {
+        bail!(
+            "the cache {} belongs to user {}, not to this user ({}): it cannot be trusted; \
+             remove it, or set STATEBOX_CACHE_DIR or HOME",
+            dir.display(),
+            meta.uid(),
+            euid()
+        );
+    }
+    if meta.mode() & 0o077 != 0 {
+        bail!(
+            "the cache {} is open to other users (mode {:o}; it must be 700): it cannot be \
+             trusted; remove it, or set STATEBOX_CACHE_DIR or HOME",
+            dir.display(),
+            meta.mode() & 0o777
+        );
+    }
+    Ok(dir)
+}
+
 fn package_name(manifest: &str) -> Option<String> {
     let mut in_package = false;
     for line in manifest.lines() {
@@ -148,6 +208,39 @@ fn package_name(manifest: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_temporary_cache_is_private_and_refused_when_it_is_not() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let tmp = tempfile::tempdir().unwrap();
+        // Created with mode 0700, and accepted again as it is.
+        let dir = private_dir(tmp.path(), "statebox-test").unwrap();
+        assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
+        assert_eq!(private_dir(tmp.path(), "statebox-test").unwrap(), dir);
+        // Opened to others: refused.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = private_dir(tmp.path(), "statebox-test").unwrap_err();
+        assert!(e.to_string().contains("mode 777"), "{e}");
+        // A symlink planted under the name, even to a private directory of this user.
+        let elsewhere = tmp.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        std::fs::set_permissions(&elsewhere, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, tmp.path().join("planted")).unwrap();
+        let e = private_dir(tmp.path(), "planted").unwrap_err();
+        assert!(e.to_string().contains("not a directory"), "{e}");
+        // A file under the name.
+        std::fs::write(tmp.path().join("file"), b"").unwrap();
+        assert!(private_dir(tmp.path(), "file").is_err());
+        // Another user's directory (only root can make one here).
+        if euid() == 0 {
+            let theirs = tmp.path().join("theirs");
+            std::fs::create_dir(&theirs).unwrap();
+            std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o700)).unwrap();
+            std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+            let e = private_dir(tmp.path(), "theirs").unwrap_err();
+            assert!(e.to_string().contains("belongs to user 65534"), "{e}");
+        }
+    }
 
     #[test]
     fn reads_the_package_name() {
