@@ -528,3 +528,90 @@ fn restarts_with_changed_topics_or_partitions() {
         "new partitions 2 and 3 should be read from the start: {stderr}"
     );
 }
+
+/// Event time from the record timestamp: the watermark is the minimum over the partitions'
+/// (so a partition behind holds it back, as in Spark), and a partition idle for longer than
+/// `--partition-idle-timeout` stops holding it back. Sessions (sessionizer: 30 s gap, one
+/// event-time timer per session at its end + 30 s) show when the watermark passed.
+#[test]
+fn kafka_event_time_watermark_is_the_minimum_over_partitions_until_one_is_idle() {
+    use rdkafka::producer::{BaseRecord, Producer};
+    const T0: i64 = 1_700_000_000_000;
+    let broker = Broker::start();
+    broker.create_topic("events", 2);
+    let s = Scratch::new();
+    let send = |events: &[(i32, &str, i64)]| {
+        let producer = broker.producer();
+        for &(partition, user, secs) in events {
+            let ts = T0 + secs * 1000;
+            let payload = json!({"user": user, "ts": ts}).to_string();
+            producer
+                .send(
+                    BaseRecord::to("events")
+                        .partition(partition)
+                        .key(user)
+                        .timestamp(ts)
+                        .payload(&payload),
+                )
+                .map_err(|(e, _)| e)
+                .expect("send an event");
+        }
+        producer.flush(Duration::from_secs(10)).expect("flush");
+    };
+    let run = || {
+        let stderr = StateboxRun::new(guests::SESSIONIZER)
+            .args(["--input", &broker.url("events")])
+            .args(["--output".as_ref(), s.output().as_os_str()])
+            .args(["--checkpoint".as_ref(), s.checkpoint().as_os_str()])
+            .args(["--key", "user", "--time-mode", "event-time"])
+            .args(["--event-time", "timestamp", "--watermark-delay", "5s"])
+            .args(["--partition-idle-timeout", "1s"])
+            .run()
+            .expect_ok();
+        let mut users: Vec<String> = s
+            .output_rows()
+            .iter()
+            .map(|r| r["user"].as_str().expect("a user").to_owned())
+            .collect();
+        users.sort();
+        (users, stderr)
+    };
+    let users = |names: &str| -> Vec<String> {
+        let mut v: Vec<String> = names.split(' ').map(str::to_owned).collect();
+        v.sort();
+        v
+    };
+
+    // Sessions of a0, a1 (partition 0) and b0, b1 (partition 1) end at 10 s, their timers at
+    // 40 s. Partition 0 is at 100 s, partition 1 at 10 s: the watermark is 10 - 5 = 5 s (the
+    // maximum would have been 95 s and closed them all).
+    send(&[
+        (0, "a0", 0),
+        (0, "a0", 10),
+        (0, "a1", 5),
+        (0, "a1", 10),
+        (1, "b0", 0),
+        (1, "b0", 10),
+        (1, "b1", 10),
+        (0, "a9", 100),
+    ]);
+    let (out, stderr) = run();
+    assert!(
+        out.is_empty(),
+        "no session may close yet: {out:?}\n{stderr}"
+    );
+
+    // Partition 1 reaches 60 s: the watermark is min(100, 60) - 5 = 55 s and the four
+    // sessions close; a9 (timer at 130 s) and b9 (90 s) stay open.
+    send(&[(1, "b9", 60)]);
+    let (out, stderr) = run();
+    assert_eq!(out, users("a0 a1 b0 b1"), "{stderr}");
+
+    // Partition 1 falls silent: once it has had no records for longer than the idle timeout
+    // (batch time), partition 0 alone sets the watermark, 200 - 5 = 195 s, closing a9 and
+    // b9; while partition 1 held it, it would have stayed at 55 s.
+    std::thread::sleep(Duration::from_millis(1500));
+    send(&[(0, "a8", 200)]);
+    let (out, stderr) = run();
+    assert_eq!(out, users("a0 a1 b0 b1 a9 b9"), "{stderr}");
+}

@@ -19,6 +19,8 @@ pub mod guests {
     pub const COUNTER: &str = env!("STATEBOX_GUEST_COUNTER");
     /// `plugins/session-tracker`.
     pub const SESSION_TRACKER: &str = env!("STATEBOX_GUEST_SESSION_TRACKER");
+    /// `plugins/sessionizer`.
+    pub const SESSIONIZER: &str = env!("STATEBOX_GUEST_SESSIONIZER");
     /// `plugins/scd1`.
     pub const SCD1: &str = env!("STATEBOX_GUEST_SCD1");
     /// `tests/guests/misbehave`.
