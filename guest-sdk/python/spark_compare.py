@@ -5,6 +5,7 @@ Statebox over the same input, and compares the outputs batch by batch.
     python spark_compare.py PROCESSOR.py --input DIR --key COL[,COL] [--time-mode none]
         [--output-mode update] [--statebox PATH] [--bench]
     python spark_compare.py FIXTURE_DIR [--statebox PATH] [--write-expected]
+    python spark_compare.py --job JOB_FIXTURE_DIR [--statebox PATH] [--write-expected]
 
 A fixture folder (``tests/fixtures/pyspark/<name>``) holds ``processor.py``, ``input/`` and
 ``query.json`` (``key``, ``time_mode``, ``output_mode``; ``input`` and ``expected`` may point
@@ -23,6 +24,12 @@ micro-batch. The processor file must run on both unchanged: it imports ``pyspark
 ``OUTPUT_SCHEMA`` (and ``INPUT_SCHEMA`` if the input's types cannot be inferred). Run it with a
 Python that has PySpark 4.3+ (``pip install pyspark protobuf grpcio pandas pyarrow``) and
 Java 17. Independent of the test suite; exits non-zero when the outputs differ.
+
+With ``--job`` the fixture is a whole job script (``job.py`` with the folders it reads,
+e.g. ``input/`` and ``initial/``): it runs unchanged as ``python job.py`` on PySpark, in a
+copy of the folder (input files' modification times in name order, time zone UTC), and
+PySpark's JSON sink output is split into batches by its ``_spark_metadata`` log; then
+``statebox run job.py`` runs in another copy and its output is split by its commit records.
 
 With ``--bench`` it also reports each engine's events per second over the whole input
 (Spark's time includes its per-batch scheduling, as a streaming query's would).
@@ -280,6 +287,90 @@ def run_statebox(statebox, processor_file, files, keys, time_mode, output_mode, 
     return batches, seconds
 
 
+def _copy_job(fixture, work):
+    work.mkdir()
+    for item in fixture.iterdir():
+        if item.name in ("expected.jsonl", "output", "checkpoint", "__pycache__"):
+            continue
+        if item.is_dir():
+            shutil.copytree(item, work / item.name)
+        else:
+            shutil.copy(item, work / item.name)
+    # Spark's file source takes files in modification-time order: make it the name order.
+    inputs = sorted((work / "input").iterdir())
+    base = time.time() - len(inputs) - 10
+    for i, f in enumerate(inputs):
+        os.utime(f, (base + i, base + i))
+    return len(inputs)
+
+
+def run_spark_job(fixture, work):
+    """Runs the job script on PySpark; returns its output rows per batch id."""
+    count = _copy_job(fixture, work)
+    env = dict(os.environ, TZ="UTC", PYSPARK_PYTHON=sys.executable)
+    subprocess.run([sys.executable, "job.py"], cwd=work, env=env, check=True)
+    out = work / "output"
+    batches = {}
+    for log in sorted((out / "_spark_metadata").iterdir(), key=lambda p: p.name):
+        if not log.name.isdigit():
+            continue
+        rows = []
+        for line in log.read_text().splitlines()[1:]:
+            path = Path(json.loads(line)["path"].removeprefix("file:"))
+            rows += [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+        batches[int(log.name)] = rows
+    return batches, count
+
+
+def run_statebox_job(statebox, fixture, work):
+    _copy_job(fixture, work)
+    result = subprocess.run(
+        [statebox, "run", "job.py", "--progress-json"],
+        cwd=work, check=True, capture_output=True, text=True,
+    )
+    commits = [json.loads(l) for l in result.stdout.splitlines() if l.startswith("{")]
+    files = sorted((work / "output").glob("*.json"))
+    rows = [json.loads(l) for f in files for l in f.read_text().splitlines() if l.strip()]
+    batches, at = {}, 0
+    for commit in commits:
+        n = commit.get("output_rows", 0)
+        batches[commit["batch_id"]] = rows[at : at + n]
+        at += n
+    return batches
+
+
+def job_main(args):
+    fixture = args.job.resolve()
+    with tempfile.TemporaryDirectory(prefix="spark-compare-job-") as tmp:
+        spark, _ = run_spark_job(fixture, Path(tmp) / "spark")
+        if args.write_expected:
+            with open(fixture / "expected.jsonl", "w") as f:
+                for i in sorted(spark):
+                    for row in sorted(spark[i], key=lambda r: json.dumps(r, sort_keys=True)):
+                        f.write(json.dumps({"batch": i, "row": row}, ensure_ascii=False) + "\n")
+            print(f"wrote PySpark's output to {fixture / 'expected.jsonl'}")
+        if args.spark_only:
+            return
+        box = run_statebox_job(args.statebox, fixture, Path(tmp) / "statebox")
+    failures = 0
+    for i in sorted(set(spark) | set(box)):
+        # PySpark's JSON sink leaves null fields out; Statebox writes them as null.
+        s = canonical([{k: v for k, v in r.items() if v is not None} for r in spark.get(i, [])])
+        b = canonical([{k: v for k, v in r.items() if v is not None} for r in box.get(i, [])])
+        if s == b:
+            print(f"batch {i}: same {sum(s.values())} rows")
+            continue
+        failures += 1
+        print(f"batch {i}: DIFFERENT")
+        for row in sorted((s - b).elements()):
+            print(f"  - spark only:    {row}")
+        for row in sorted((b - s).elements()):
+            print(f"  + statebox only: {row}")
+    if failures:
+        sys.exit(f"{failures} batches differ")
+    print("all batches match")
+
+
 def canonical(rows):
     return Counter(json.dumps(r, sort_keys=True) for r in rows)
 
@@ -295,7 +386,10 @@ def read_expected(path, batches):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("processor", type=Path, help="a processor file or a fixture folder")
+    parser.add_argument(
+        "processor", type=Path, nargs="?", help="a processor file or a fixture folder"
+    )
+    parser.add_argument("--job", type=Path, help="a job-script fixture folder")
     parser.add_argument("--input", type=Path)
     parser.add_argument("--key")
     parser.add_argument("--time-mode", default="none")
@@ -309,6 +403,10 @@ def main():
         "--spark-only", action="store_true", help="run PySpark only (with --write-expected)"
     )
     args = parser.parse_args()
+    if args.job is not None:
+        return job_main(args)
+    if args.processor is None:
+        parser.error("give a processor file, a fixture folder or --job FOLDER")
 
     expected_file = None
     reuse_expected = False

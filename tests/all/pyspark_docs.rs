@@ -188,7 +188,7 @@ fn a_whole_pyspark_job_script_runs_with_statebox_run() {
         "--input input",
         "--max-files-per-batch 1",
         "--key id",
-        "--output-mode update",
+        "--output-mode append",
         "--time-mode none",
         "--output output/part-00000-statebox.json",
         "--checkpoint checkpoint",
@@ -380,5 +380,232 @@ fn a_key_tuple_in_a_string_column_fails_as_in_pyspark_with_a_clear_message() {
             && stderr.contains("emit key[0]"),
         "{}",
         text(&run)
+    );
+}
+
+/// Copies `from` (files and folders) into `to`.
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("create a folder");
+    for entry in std::fs::read_dir(from).expect("read a folder") {
+        let path = entry.expect("entry").path();
+        let target = to.join(path.file_name().expect("a file name"));
+        if path.is_dir() {
+            copy_tree(&path, &target);
+        } else {
+            std::fs::copy(&path, &target).expect("copy a file");
+        }
+    }
+}
+
+/// `statebox run JOB [extra...]` in `dir`.
+fn run_job(dir: &Path, job: &Path, extra: &[&str]) -> Output {
+    Command::new(statebox_bin())
+        .arg("run")
+        .arg(job)
+        .args(extra)
+        .current_dir(dir)
+        .env("STATEBOX_CACHE_DIR", component_cache())
+        .env_remove("STATEBOX_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn statebox")
+}
+
+/// The count job (`job/job.py`) with `edits` applied, written to `dir/job.py` beside a
+/// copy of the count fixture's input.
+fn count_job_variant(dir: &Path, edits: &[(&str, &str)]) -> PathBuf {
+    let mut source = std::fs::read_to_string(fixtures().join("job/job.py")).expect("job.py");
+    for (from, to) in edits {
+        assert!(source.contains(from), "job.py has no `{from}`");
+        source = source.replace(from, to);
+    }
+    copy_tree(&fixtures().join("count/input"), &dir.join("input"));
+    let job = dir.join("job.py");
+    std::fs::write(&job, source).expect("write job.py");
+    job
+}
+
+/// All rows of every batch, for sinks that do not keep batches apart.
+fn all_rows(batches: &BTreeMap<u64, Vec<Value>>) -> Vec<Value> {
+    batches.values().flatten().cloned().collect()
+}
+
+/// The documentation-style event-time job (`job-events/job.py`): `withWatermark`, an
+/// initial state read with `spark.read.json(...).groupBy(...)`, event-time timers that end
+/// sessions as the watermark passes them, and a final no-data batch that fires them. The
+/// same file ran unchanged on PySpark 4.3 (`spark_compare.py --job`), whose output, batch by
+/// batch, is `expected.jsonl`.
+#[test]
+fn an_event_time_job_with_watermark_and_initial_state_gives_pysparks_output() {
+    let work = tempfile::tempdir().expect("create a temporary directory");
+    let fixture = fixtures().join("job-events");
+    for part in ["input", "initial"] {
+        copy_tree(&fixture.join(part), &work.path().join(part));
+    }
+    let job = fixture.join("job.py");
+    let plan = run_job(work.path(), &job, &["--print-plan"]);
+    assert!(plan.status.success(), "{}", text(&plan));
+    let plan = String::from_utf8_lossy(&plan.stdout).into_owned();
+    for part in [
+        "--time-mode event-time",
+        "--event-time ts --watermark-delay 2000ms",
+        "--initial-state initial",
+        "--output-mode append",
+    ] {
+        assert!(plan.contains(part), "the plan lacks `{part}`: {plan}");
+    }
+    let run = run_job(work.path(), &job, &["--progress-json"]);
+    assert!(run.status.success(), "{}", text(&run));
+    let got = batches_of(
+        &run.stdout,
+        &work.path().join("output/part-00000-statebox.json"),
+    );
+    let want = expected_batches(&fixture.join("expected.jsonl"));
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        want.keys().collect::<Vec<_>>(),
+        "the same batches (the last one without data, for the timers)\n{}",
+        text(&run)
+    );
+    for (batch, rows) in &want {
+        assert!(
+            same_rows(rows, &got[batch]),
+            "batch {batch}: PySpark {rows:?}, Statebox {:?}",
+            got[batch]
+        );
+    }
+}
+
+/// `writeStream.format("console")`: the query's rows are printed on standard output.
+#[test]
+fn a_job_with_the_console_sink_prints_its_rows() {
+    let work = tempfile::tempdir().expect("create a temporary directory");
+    let job = count_job_variant(
+        work.path(),
+        &[
+            (
+                ".writeStream.format(\"json\")",
+                ".writeStream.format(\"console\")",
+            ),
+            (".start(\"output\")", ".start()"),
+        ],
+    );
+    let run = run_job(work.path(), &job, &[]);
+    assert!(run.status.success(), "{}", text(&run));
+    let printed: Vec<Value> = parse_jsonl(&run.stdout);
+    let want = all_rows(&expected_batches(&fixtures().join("count/expected.jsonl")));
+    assert!(same_rows(&want, &printed), "{}", text(&run));
+}
+
+/// `writeStream.format("memory").queryName(...)`: the rows are kept beside the checkpoint
+/// (`memory-output.jsonl`), where `statebox sql` and tools read them.
+#[test]
+fn a_job_with_the_memory_sink_keeps_its_rows_beside_the_checkpoint() {
+    let work = tempfile::tempdir().expect("create a temporary directory");
+    let job = count_job_variant(
+        work.path(),
+        &[
+            (
+                ".writeStream.format(\"json\")",
+                ".writeStream.format(\"memory\").queryName(\"counts\")",
+            ),
+            (".start(\"output\")", ".start()"),
+        ],
+    );
+    let plan = run_job(work.path(), &job, &["--print-plan"]);
+    assert!(plan.status.success(), "{}", text(&plan));
+    assert!(
+        String::from_utf8_lossy(&plan.stdout)
+            .contains("--output checkpoint/memory-output.jsonl --checkpoint checkpoint"),
+        "{}",
+        text(&plan)
+    );
+    let run = run_job(work.path(), &job, &["--progress-json"]);
+    assert!(run.status.success(), "{}", text(&run));
+    let got = batches_of(
+        &run.stdout,
+        &work.path().join("checkpoint/memory-output.jsonl"),
+    );
+    let want = expected_batches(&fixtures().join("count/expected.jsonl"));
+    for (batch, rows) in &want {
+        assert!(
+            same_rows(rows, &got[batch]),
+            "batch {batch}\n{}",
+            text(&run)
+        );
+    }
+}
+
+/// `spark.readStream.format("kafka")` as Spark's Kafka integration guide writes it (the
+/// value parsed with `from_json`, the record timestamp kept for the watermark) becomes
+/// exactly the Kafka flags of `statebox run`, and the plan is a command line the CLI takes.
+/// An option Statebox does not read stops the job with the file and line, before any
+/// build.
+#[test]
+fn a_kafka_source_maps_to_the_clis_kafka_flags() {
+    let work = tempfile::tempdir().expect("create a temporary directory");
+    let kafka_source = "spark.readStream.format(\"kafka\")\n    \
+        .option(\"kafka.bootstrap.servers\", \"127.0.0.1:9092,127.0.0.1:9093\")\n    \
+        .option(\"subscribe\", \"events\")\n    \
+        .option(\"startingOffsets\", \"earliest\")\n    \
+        .option(\"maxOffsetsPerTrigger\", 500)\n    \
+        .option(\"kafka.security.protocol\", \"PLAINTEXT\")\n    \
+        .load()\n    \
+        .select(from_json(col(\"value\").cast(\"string\"), input_schema).alias(\"data\"), \"timestamp\")\n    \
+        .select(\"data.*\", \"timestamp\")\n    \
+        .withWatermark(\"timestamp\", \"10 seconds\")";
+    let job = count_job_variant(
+        work.path(),
+        &[
+            (
+                "from pyspark.sql import Row, SparkSession\n",
+                "from pyspark.sql import Row, SparkSession\nfrom pyspark.sql.functions import col, from_json\n",
+            ),
+            (
+                "spark.readStream.schema(input_schema)\n    .option(\"maxFilesPerTrigger\", 1)\n    .json(\"input\")",
+                kafka_source,
+            ),
+            ("timeMode=\"None\"", "timeMode=\"EventTime\""),
+        ],
+    );
+    let plan = run_job(work.path(), &job, &["--print-plan"]);
+    assert!(plan.status.success(), "{}", text(&plan));
+    let plan = String::from_utf8_lossy(&plan.stdout).into_owned();
+    for part in [
+        " --input kafka://127.0.0.1:9092,127.0.0.1:9093/events ",
+        " --kafka-option security.protocol=PLAINTEXT ",
+        " --max-records-per-batch 500 ",
+        " --starting-offsets earliest ",
+        " --kafka-columns timestamp ",
+        " --time-mode event-time --event-time timestamp --watermark-delay 10000ms ",
+    ] {
+        assert!(plan.contains(part), "the plan lacks `{part}`: {plan}");
+    }
+    assert!(!plan.contains("--max-files-per-batch"), "{plan}");
+
+    // subscribePattern: refused with the line of the source, before the build.
+    let source = std::fs::read_to_string(&job).expect("read job.py");
+    let bad = source.replace(
+        ".option(\"subscribe\", \"events\")",
+        ".option(\"subscribePattern\", \"events-.*\")",
+    );
+    std::fs::write(&job, &bad).expect("write job.py");
+    let line = bad
+        .lines()
+        .position(|l| l.contains(".load()"))
+        .expect("the load line")
+        + 1;
+    let refused = run_job(work.path(), &job, &["--print-plan"]);
+    assert!(!refused.status.success(), "{}", text(&refused));
+    let at = format!(
+        "{}:{line}: Kafka option subscribePattern is not supported",
+        job.canonicalize().unwrap().display()
+    );
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains(&at), "expected `{at}`:\n{}", text(&refused));
+    assert!(
+        !stderr.contains("building Python processor"),
+        "{}",
+        text(&refused)
     );
 }

@@ -64,6 +64,9 @@ struct Source {
     options: serde_json::Map<String, Value>,
     path: Option<String>,
     at: String,
+    /// Kafka columns the query keeps besides the parsed value (`--kafka-columns`).
+    #[serde(default)]
+    kafka_columns: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -99,6 +102,9 @@ pub(crate) fn run(args: &[OsString]) -> anyhow::Result<()> {
         .with_context(|| format!("cannot read the job script {}", job.script.display()))?;
     let query = record(&script)?;
     let (argv, console) = plan(&script, &query)?;
+    // The plan is a command line `statebox run` takes as it is.
+    crate::Cli::try_parse_from(&argv)
+        .map_err(|e| anyhow::anyhow!("the job's plan is not a valid statebox run command: {e}"))?;
     if job.print_plan {
         let shown: Vec<String> = argv
             .iter()
@@ -188,6 +194,24 @@ fn plan(script: &Path, q: &RecordedQuery) -> anyhow::Result<(Vec<OsString>, Opti
         argv.push(value.into());
     };
 
+    // The source first: a source Statebox cannot read stops the job before the build.
+    let kafka = match q.source.format.as_str() {
+        "kafka" => kafka_flags(q)?,
+        _ => Vec::new(),
+    };
+    let input = match q.source.format.as_str() {
+        "json" => q
+            .source
+            .path
+            .clone()
+            .with_context(|| format!("{}: the streaming source has no path", q.source.at))?,
+        "kafka" => format!(
+            "kafka://{}/{}",
+            kafka_option(q, "kafka.bootstrap.servers")?,
+            kafka_option(q, "subscribe")?
+        ),
+        other => bail!("{}: source format {other:?} is not supported", q.source.at),
+    };
     let options = crate::python::PythonOptions {
         class_name: Some(q.processor_class.clone()),
         output_schema: Some(q.output_schema.clone()),
@@ -197,30 +221,12 @@ fn plan(script: &Path, q: &RecordedQuery) -> anyhow::Result<(Vec<OsString>, Opti
     };
     let wasm = crate::python::build(script, &options)?;
     arg("--processor", &wasm.display().to_string());
-
-    let input = match q.source.format.as_str() {
-        "json" => q
-            .source
-            .path
-            .clone()
-            .with_context(|| format!("{}: the streaming source has no path", q.source.at))?,
-        "kafka" => {
-            let servers =
-                option(&q.source.options, "kafka.bootstrap.servers").with_context(|| {
-                    format!(
-                        "{}: a Kafka source needs option kafka.bootstrap.servers",
-                        q.source.at
-                    )
-                })?;
-            let topics = option(&q.source.options, "subscribe").with_context(|| {
-                format!("{}: a Kafka source needs option subscribe", q.source.at)
-            })?;
-            format!("kafka://{servers}/{topics}")
-        }
-        other => bail!("{}: source format {other:?} is not supported", q.source.at),
-    };
     arg("--input", &input);
-    if let Some(n) = option(&q.source.options, "maxFilesPerTrigger") {
+    if q.source.format == "kafka" {
+        for (flag, value) in kafka {
+            arg(flag, &value);
+        }
+    } else if let Some(n) = option(&q.source.options, "maxFilesPerTrigger") {
         arg("--max-files-per-batch", &n);
     } else if q.source.format == "json" {
         // Spark reads every available file in one batch unless maxFilesPerTrigger says
@@ -338,6 +344,53 @@ fn plan(script: &Path, q: &RecordedQuery) -> anyhow::Result<(Vec<OsString>, Opti
     }
     let _ = script;
     Ok((argv, console))
+}
+
+/// A Kafka source option the query needs.
+fn kafka_option(q: &RecordedQuery, name: &str) -> anyhow::Result<String> {
+    option(&q.source.options, name)
+        .with_context(|| format!("{}: a Kafka source needs option {name}", q.source.at))
+}
+
+/// The Kafka flags of `statebox run` for the source's options, as Spark's Kafka source
+/// reads them: `startingOffsets` (`--starting-offsets`), `maxOffsetsPerTrigger`
+/// (`--max-records-per-batch`), `kafka.*` client settings (`--kafka-option`), and the
+/// Kafka columns the query keeps (`--kafka-columns`). Anything else stops the job.
+fn kafka_flags(q: &RecordedQuery) -> anyhow::Result<Vec<(&'static str, String)>> {
+    let mut flags = Vec::new();
+    for (name, value) in &q.source.options {
+        let value = match value {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        let lower = name.to_ascii_lowercase();
+        match lower.as_str() {
+            "kafka.bootstrap.servers" | "subscribe" => {}
+            "startingoffsets" => flags.push(("--starting-offsets", value)),
+            "maxoffsetspertrigger" => flags.push(("--max-records-per-batch", value)),
+            // Statebox always fails a query whose Kafka data was lost, as Spark's default.
+            "failondataloss" if value.eq_ignore_ascii_case("true") => {}
+            _ if lower.starts_with("kafka.") => flags.push((
+                "--kafka-option",
+                format!("{}={value}", &name["kafka.".len()..]),
+            )),
+            "subscribepattern" | "assign" => bail!(
+                "{}: Kafka option {name} is not supported by Statebox: name the topics with \
+                 option(\"subscribe\", \"a,b\")",
+                q.source.at
+            ),
+            _ => bail!(
+                "{}: Kafka option {name} is not supported by Statebox (it reads \
+                 kafka.bootstrap.servers, subscribe, startingOffsets, maxOffsetsPerTrigger, \
+                 failOnDataLoss=true and kafka.* client settings)",
+                q.source.at
+            ),
+        }
+    }
+    if !q.source.kafka_columns.is_empty() {
+        flags.push(("--kafka-columns", q.source.kafka_columns.join(",")));
+    }
+    Ok(flags)
 }
 
 fn shell_word(s: &str) -> String {

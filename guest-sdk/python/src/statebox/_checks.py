@@ -40,7 +40,7 @@ _NATIVE = {
 #: What the ``pyspark`` stand-in provides, for the message about a missing part.
 _PYSPARK_PARTS = (
     "pyspark.sql (Row, SparkSession for a job script), pyspark.sql.types, "
-    "pyspark.sql.functions (col, lit, expr for a job script), pyspark.sql.streaming "
+    "pyspark.sql.functions (col, from_json for a job script), pyspark.sql.streaming "
     "(StatefulProcessor, AsyncStatefulProcessor, their handles), "
     "pyspark.sql.streaming.stateful_processor and pyspark.sql.streaming.tws_tester"
 )

@@ -85,10 +85,27 @@ def _schema_ddl(schema):
 
 
 class Column:
-    """``col("x")``: a column reference (only names are supported)."""
+    """``col("x")``: a column reference by name; for a Kafka source also
+    ``col("value").cast("string")`` and ``from_json(...).alias(name)``."""
 
-    def __init__(self, name):
+    def __init__(self, name, cast=None, json_schema=None, alias=None):
         self.name = name
+        self._cast = cast
+        self._json = json_schema
+        self._alias = alias
+
+    def cast(self, dataType):
+        ddl = dataType if isinstance(dataType, str) else _schema_ddl(dataType)
+        if str(ddl).strip().lower() != "string":
+            _unsupported(f"Column.cast({dataType!r})", "only cast(\"string\") of a Kafka column")
+        return Column(self.name, "string", self._json, self._alias)
+
+    astype = cast
+
+    def alias(self, *names, **kwargs):
+        if len(names) != 1:
+            _unsupported("Column.alias with several names")
+        return Column(self.name, self._cast, self._json, str(names[0]))
 
     def __getattr__(self, name):
         if name.startswith("__"):
@@ -96,12 +113,111 @@ class Column:
         _unsupported(f"Column.{name}", "group and watermark by plain column names")
 
 
+def from_json(col, schema, options=None):
+    """``from_json(col("value").cast("string"), schema)``: parse a Kafka record's value."""
+    if options:
+        _unsupported("from_json(..., options)")
+    if isinstance(col, str):
+        col = Column(col)
+    if not isinstance(col, Column) or col._json is not None:
+        _unsupported(f"from_json of {col!r}", "parse col(\"value\").cast(\"string\")")
+    return Column(col.name, col._cast, _schema_ddl(schema), None)
+
+
 def _column_name(c, what):
     if isinstance(c, str):
         return c
-    if isinstance(c, Column):
+    if isinstance(c, Column) and c._cast is None and c._json is None:
         return c.name
     _unsupported(f"{what} with {c!r}", "use column names")
+
+
+# A Kafka DataFrame's columns, as Spark's Kafka source has them: name -> kind. Statebox
+# splices the record's key (as a string), topic, partition, offset and timestamp into the
+# row it parses from the value (`--kafka-columns`).
+_KAFKA_COLUMNS = {
+    "key": "binary",
+    "value": "binary",
+    "topic": "topic",
+    "partition": "partition",
+    "offset": "offset",
+    "timestamp": "timestamp",
+    "timestampType": "timestampType",
+}
+_KAFKA_DDL = {
+    "key": "key string",
+    "topic": "topic string",
+    "partition": "partition int",
+    "offset": "offset long",
+    "timestamp": "timestamp timestamp",
+}
+_PARSE_HINT = (
+    "parse the value as Spark's documentation does: "
+    ".select(from_json(col(\"value\").cast(\"string\"), schema).alias(\"data\"))"
+    ".select(\"data.*\")"
+)
+
+
+def _kafka_select(columns, cols):
+    """The columns of ``select(*cols)`` over a Kafka DataFrame's ``columns``."""
+    out = {}
+    for c in cols:
+        if isinstance(c, str) and c.endswith(".*"):
+            kind = columns.get(c[:-2])
+            if not (isinstance(kind, tuple) and kind[0] == "json"):
+                _unsupported(f"select({c!r})", _PARSE_HINT)
+            out[c[:-2] + ".*"] = ("fields", kind[1])
+            continue
+        if isinstance(c, str):
+            c = Column(c)
+        if not isinstance(c, Column):
+            _unsupported(f"select({c!r})", _PARSE_HINT)
+        kind = columns.get(c.name)
+        if kind is None:
+            _unsupported(f"select of column {c.name!r}, which the Kafka source does not have")
+        if c._cast == "string":
+            if kind not in ("binary", "string"):
+                _unsupported(f"cast of Kafka column {c.name!r}")
+            kind = "string"
+        if c._json is not None:
+            if c.name != "value" or kind != "string":
+                _unsupported("from_json of a column other than the value cast to string",
+                             _PARSE_HINT)
+            kind = ("json", c._json)
+        name = c._alias or c.name
+        if kind in ("binary", "string", "timestampType") and not (
+            kind == "string" and c.name == "key" and name == "key"
+        ):
+            _unsupported(
+                f"select of Kafka column {name!r} ({c.name}, {kind})",
+                "Statebox parses each record's value as a JSON row; of the other columns it "
+                "adds key (as a string), topic, partition, offset and timestamp, by those names",
+            )
+        if isinstance(kind, str) and name != c.name:
+            _unsupported(f"Kafka column {c.name!r} renamed to {name!r}", "keep Kafka's names")
+        out[name] = kind
+    return out
+
+
+_CAST_EXPR = None
+
+
+def _kafka_select_expr(columns, exprs):
+    import re
+
+    global _CAST_EXPR
+    if _CAST_EXPR is None:
+        _CAST_EXPR = re.compile(r"^\s*CAST\s*\(\s*(\w+)\s+AS\s+STRING\s*\)(?:\s+AS\s+(\w+))?\s*$", re.I)
+    cols = []
+    for e in exprs:
+        m = _CAST_EXPR.match(str(e))
+        if m:
+            cols.append(Column(m.group(1), "string", None, m.group(2)))
+        elif str(e).strip() in columns:
+            cols.append(Column(str(e).strip()))
+        else:
+            _unsupported(f"selectExpr({e!r})", "CAST(value AS STRING) and Kafka column names")
+    return _kafka_select(columns, cols)
 
 
 class _Conf(_Strict):
@@ -245,10 +361,12 @@ class DataFrame(_Strict):
 
     _what = "DataFrame"
 
-    def __init__(self, source, streaming=True, watermark=None):
+    def __init__(self, source, streaming=True, watermark=None, kafka=None):
         self.source = source
         self.streaming = streaming
         self.watermark = watermark
+        # A Kafka source's columns after select/selectExpr (None before any).
+        self.kafka = kafka
 
     @property
     def isStreaming(self):
@@ -260,7 +378,44 @@ class DataFrame(_Strict):
             self.streaming,
             {"column": _column_name(eventTime, "withWatermark"),
              "delay_ms": _duration_ms(delayThreshold, "withWatermark delay")},
+            self.kafka,
         )
+
+    def _kafka_columns(self):
+        if self.source is None or self.source.get("format") != "kafka":
+            return None
+        return self.kafka if self.kafka is not None else dict(_KAFKA_COLUMNS)
+
+    def select(self, *cols):
+        columns = self._kafka_columns()
+        if columns is None:
+            _unsupported("DataFrame.select", "Statebox hands the source's rows to the processor")
+        if len(cols) == 1 and isinstance(cols[0], (list, tuple)):
+            cols = tuple(cols[0])
+        return DataFrame(self.source, self.streaming, self.watermark, _kafka_select(columns, cols))
+
+    def selectExpr(self, *exprs):
+        columns = self._kafka_columns()
+        if columns is None:
+            _unsupported("DataFrame.selectExpr", "Statebox hands the source's rows to the processor")
+        return DataFrame(
+            self.source, self.streaming, self.watermark, _kafka_select_expr(columns, exprs)
+        )
+
+    def _parsed_source(self):
+        """The source as the query records it: for a parsed Kafka source, the value's schema
+        with the Kafka columns it keeps (``kafka_columns``)."""
+        if self.kafka is None:
+            return self.source
+        fields = [k for k, v in self.kafka.items() if isinstance(v, tuple) and v[0] == "fields"]
+        if len(fields) != 1 or any(isinstance(v, tuple) and v[0] == "json" for v in self.kafka.values()):
+            _unsupported("a Kafka source grouped before its value is parsed", _PARSE_HINT)
+        extra = [k for k, v in self.kafka.items() if not isinstance(v, tuple)]
+        source = dict(self.source)
+        schema = self.kafka[fields[0]][1]
+        source["schema"] = ", ".join([schema] + [_KAFKA_DDL[k] for k in extra])
+        source["kafka_columns"] = extra
+        return source
 
     def groupBy(self, *cols):
         if len(cols) == 1 and isinstance(cols[0], (list, tuple)):
@@ -306,7 +461,7 @@ class GroupedData(_Strict):
                 )
             initial = initialState.df.source.get("path")
         query = {
-            "source": self.df.source,
+            "source": self.df._parsed_source(),
             "watermark": self.df.watermark,
             "key": self.keys,
             "processor_class": type(statefulProcessor).__name__,
@@ -418,6 +573,9 @@ class StreamingQuery(_Strict):
 
 def col(name):
     return Column(str(name))
+
+
+column = col
 
 
 def record_script(path):
