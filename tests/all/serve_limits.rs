@@ -425,6 +425,33 @@ fn a_page_of_output_reads_at_most_a_page() {
         .ok();
     let count = page["count"].as_u64().unwrap();
     assert!((1..=8).contains(&count), "{count}");
+
+    // The console's tail is bounded the same way: the most rows it may hold, and still
+    // at most 8 MiB of them, read without the rest of the file.
+    let mut tail = None;
+    let grew = peak_growth_mib(&server, || {
+        tail = Some(a.get(&format!("/v1/pipelines/{p}/output/tail?limit=1000")));
+    });
+    let tail = tail.unwrap();
+    assert!(
+        tail.body.len() < (8 << 20) + 4096,
+        "{} bytes",
+        tail.body.len()
+    );
+    let tail = tail.ok();
+    let count = tail["count"].as_u64().unwrap();
+    assert!((1..=8).contains(&count), "{count}");
+    assert_eq!(tail["to"], committed);
+    assert!(grew < 40, "a tail page of 8 MiB took {grew} MiB");
+    // Paging back goes on where the page began.
+    let from = tail["from"].as_u64().unwrap();
+    let older = a
+        .get(&format!(
+            "/v1/pipelines/{p}/output/tail?before={from}&limit=2"
+        ))
+        .ok();
+    assert_eq!(older["count"], 2);
+    assert_eq!(older["to"], from);
 }
 
 #[test]

@@ -133,8 +133,13 @@ struct TailQuery {
 
 /// Most rows one tail page holds.
 const MAX_TAIL_ROWS: usize = 1000;
-/// The most bytes a tail page reads back looking for its rows' starts.
-const MAX_TAIL_BYTES: u64 = 16 << 20;
+/// The most bytes of rows a tail page holds, as a page of `GET .../output` (one longer row
+/// is returned whole, up to [`MAX_TAIL_ROW`]).
+const MAX_TAIL_BYTES: u64 = 8 << 20;
+/// The longest row a tail page returns; a longer one is read with `GET .../output`.
+const MAX_TAIL_ROW: u64 = 16 << 20;
+/// Bytes read at a time while looking back for the page's first row.
+const TAIL_CHUNK: u64 = 64 << 10;
 
 /// The `limit` committed output rows that end at byte offset `before` (default: the end of
 /// the committed output), oldest first. `from` is the offset of the first row: pass it as
@@ -168,7 +173,10 @@ async fn output_tail(
 }
 
 /// Reads the last `limit` lines that end at `before` in `path`, oldest first, and the offset
-/// where the first of them starts.
+/// where the first of them starts. At most [`MAX_TAIL_BYTES`] of rows (or one row of up to
+/// [`MAX_TAIL_ROW`]): the page's start is found by scanning back [`TAIL_CHUNK`] bytes at a
+/// time, then the page alone is read, so a request reads at most about twice its answer
+/// from disk and never the rest of the file.
 fn read_tail(path: &std::path::Path, before: u64, limit: usize) -> Result<(Vec<String>, u64)> {
     use std::io::{Read, Seek, SeekFrom};
     if before == 0 {
@@ -176,55 +184,69 @@ fn read_tail(path: &std::path::Path, before: u64, limit: usize) -> Result<(Vec<S
     }
     let io = |e: std::io::Error| ApiError::internal(format!("cannot read the output: {e}"));
     let mut f = std::fs::File::open(path).map_err(io)?;
-    let mut window = 64 << 10;
-    loop {
-        let start = before.saturating_sub(window);
-        let mut buf = vec![0u8; (before - start) as usize];
+    let mut last = [0u8; 1];
+    f.seek(SeekFrom::Start(before - 1)).map_err(io)?;
+    f.read_exact(&mut last).map_err(io)?;
+    if last[0] != b'\n' {
+        return Err(ApiError::bad_request(format!(
+            "`before` {before} is not at the end of a row; leave it out or pass a `from` \
+             offset of an earlier page"
+        )));
+    }
+    // Scan back from the newline that ends the last row for the starts of the rows before.
+    let mut from = before;
+    let mut rows = 0;
+    let mut chunk = vec![0u8; TAIL_CHUNK as usize];
+    let mut end = before - 1;
+    'scan: while rows < limit {
+        if end == 0 {
+            // The file's first row starts at 0.
+            if rows > 0 && before > MAX_TAIL_BYTES {
+                break;
+            }
+            from = 0;
+            break;
+        }
+        let start = end.saturating_sub(TAIL_CHUNK);
+        let piece = &mut chunk[..(end - start) as usize];
         f.seek(SeekFrom::Start(start)).map_err(io)?;
-        f.read_exact(&mut buf).map_err(io)?;
-        if buf.last() != Some(&b'\n') {
+        f.read_exact(piece).map_err(io)?;
+        let mut rest = piece.len();
+        while let Some(nl) = piece[..rest].iter().rposition(|&b| b == b'\n') {
+            let row_start = start + nl as u64 + 1;
+            if rows > 0 && before - row_start > MAX_TAIL_BYTES {
+                break 'scan;
+            }
+            if before - row_start > MAX_TAIL_ROW {
+                break;
+            }
+            from = row_start;
+            rows += 1;
+            if rows == limit {
+                break 'scan;
+            }
+            rest = nl;
+        }
+        end = start;
+        // The row in progress no longer fits: the page is complete (or its only row is
+        // too long to return).
+        let scanned = before - end;
+        if rows == 0 && scanned > MAX_TAIL_ROW {
             return Err(ApiError::bad_request(format!(
-                "`before` {before} is not at the end of a row; leave it out or pass a `from` \
-                 offset of an earlier page"
+                "the row that ends at {before} is longer than {MAX_TAIL_ROW} bytes; read it \
+                 with GET .../output"
             )));
         }
-        // Line ends, newest first, after the one that ends the window.
-        let body = &buf[..buf.len() - 1];
-        let mut starts = Vec::with_capacity(limit);
-        let mut rest = body.len();
-        while starts.len() < limit {
-            match body[..rest].iter().rposition(|&b| b == b'\n') {
-                Some(nl) => {
-                    starts.push(nl + 1);
-                    rest = nl;
-                }
-                None if start == 0 => {
-                    starts.push(0);
-                    break;
-                }
-                None => break,
-            }
+        if rows > 0 && scanned > MAX_TAIL_BYTES {
+            break;
         }
-        let enough = starts.len() == limit || start == 0;
-        if enough || window >= MAX_TAIL_BYTES {
-            if starts.is_empty() {
-                return Err(ApiError::bad_request(format!(
-                    "the row that ends at {before} is longer than {MAX_TAIL_BYTES} bytes; read \
-                     it with GET .../output"
-                )));
-            }
-            starts.reverse();
-            let mut rows = Vec::with_capacity(starts.len());
-            for (i, &s) in starts.iter().enumerate() {
-                let end = starts.get(i + 1).map_or(buf.len(), |&next| next) - 1;
-                let line = std::str::from_utf8(&buf[s..end])
-                    .map_err(|e| ApiError::internal(format!("the output is not UTF-8: {e}")))?;
-                rows.push(line.to_owned());
-            }
-            return Ok((rows, start + starts[0] as u64));
-        }
-        window = (window * 4).min(MAX_TAIL_BYTES);
     }
+    let mut page = vec![0u8; (before - from) as usize];
+    f.seek(SeekFrom::Start(from)).map_err(io)?;
+    f.read_exact(&mut page).map_err(io)?;
+    let text = std::str::from_utf8(&page[..page.len() - 1])
+        .map_err(|e| ApiError::internal(format!("the output is not UTF-8: {e}")))?;
+    Ok((text.split('\n').map(str::to_owned).collect(), from))
 }
 
 /// `{"role": "admin"}` or `{"role": "tenant", "tenant": ID, "name": NAME}`.
@@ -343,6 +365,31 @@ mod tests {
         let (rows, from) = tail(&text, text.len() as u64, 1);
         assert_eq!(rows, vec![long]);
         assert_eq!(from, 8);
+    }
+
+    #[test]
+    fn a_tail_page_holds_at_most_its_byte_size() {
+        let row = format!("{{\"s\":\"{}\"}}", "x".repeat(1 << 20));
+        let text: String = (0..12).map(|_| format!("{row}\n")).collect();
+        let end = text.len() as u64;
+        let (rows, from) = tail(&text, end, 1000);
+        let bytes: u64 = rows.iter().map(|r| r.len() as u64 + 1).sum();
+        assert_eq!(rows.len(), 7, "7 rows of just over 1 MiB fit in 8 MiB");
+        assert!(bytes <= MAX_TAIL_BYTES, "{bytes}");
+        assert_eq!(from, end - bytes);
+        // The page before goes on where this one began, back to the first row.
+        let (older, first) = tail(&text, from, 1000);
+        assert_eq!((older.len(), first), (5, 0));
+        // A row longer than a page is returned alone; one past the row limit is refused.
+        let long = format!("{{\"s\":\"{}\"}}\n", "y".repeat(10 << 20));
+        let (rows, _) = tail(&format!("{text}{long}"), end + long.len() as u64, 5);
+        assert_eq!(rows.len(), 1);
+        let huge = format!("{{\"s\":\"{}\"}}\n", "z".repeat(17 << 20));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.jsonl");
+        std::fs::write(&path, format!("{text}{huge}")).unwrap();
+        let e = read_tail(&path, end + huge.len() as u64, 5).unwrap_err();
+        assert!(e.message.contains("longer than"), "{}", e.message);
     }
 
     #[test]
