@@ -780,3 +780,118 @@ fn the_state_quota_binds_before_a_batch_commits() {
     assert_eq!(out[1]["k"], "big");
     assert_eq!(out[1]["count"], 1);
 }
+
+#[test]
+fn output_past_its_retention_is_dropped_and_its_disk_reclaimed() {
+    let scratch = Scratch::new();
+    let data = data_dir(&scratch);
+    let server = Server::start(&data, &[]);
+    // By bytes: 2 MB kept (segments of 256 kB), batches of about 1.1 MB of output from a
+    // processor that keeps no state (`clock`).
+    let a = tenant(&server, "a", json!({"output_retention_bytes": 2_000_000}));
+    let misbehave = a.processor(guests::MISBEHAVE);
+    let p = a.pipeline(json!({"processor": misbehave, "key": "k", "trigger_interval_ms": 50}));
+    let pad = "p".repeat(1000);
+    let batch = |i: usize| -> Vec<Value> {
+        (0..1000)
+            .map(|j| json!({"k": format!("b{i:02}-{j:04}-{pad}"), "action": "clock"}))
+            .collect()
+    };
+    a.rows(&p, &batch(0)).ok();
+    a.wait_processed(&p, 1000);
+    // A reader's position inside the first batch, which retention will drop.
+    let early = a.get(&format!("/v1/pipelines/{p}/output?limit=1")).ok();
+    assert_eq!(early["start"], 0);
+    let early = early["next"].as_u64().unwrap();
+    let disk_bytes = |t: &Api<'_>| {
+        t.get("/v1/tenant").ok()["usage"]["disk_bytes"]
+            .as_u64()
+            .unwrap()
+    };
+    let disk_after_one = disk_bytes(&a);
+    for i in 1..10 {
+        a.rows(&p, &batch(i)).ok();
+        a.wait_processed(&p, 1000 * (i as u64 + 1));
+    }
+    let committed = a.status(&p)["status"]["committed_output_bytes"]
+        .as_u64()
+        .unwrap();
+    assert!(committed > 10_000_000, "{committed}");
+
+    // From the start: the newest rows, each batch whole, in order, none missing.
+    let first = a.get(&format!("/v1/pipelines/{p}/output?limit=1")).ok();
+    let start = first["start"].as_u64().unwrap();
+    assert!(start > early, "nothing was dropped: start {start}");
+    let kept = a.output(&p, 10_000);
+    assert!(
+        committed - start <= 2_000_000 + 1_200_000,
+        "{} bytes kept",
+        committed - start
+    );
+    assert_eq!(kept.len() % 1000, 0, "whole batches are kept");
+    assert!(!kept.is_empty());
+    let oldest = 10 - kept.len() / 1000;
+    for (n, batch_rows) in kept.chunks(1000).enumerate() {
+        let mut keys: Vec<String> = batch_rows
+            .iter()
+            .map(|r| r["k"].as_str().unwrap().to_owned())
+            .collect();
+        keys.sort();
+        let i = oldest + n;
+        let expected: Vec<String> = (0..1000).map(|j| format!("b{i:02}-{j:04}-{pad}")).collect();
+        assert!(keys == expected, "batch {i} is not kept whole");
+    }
+    // A position that was dropped says so; the tail pages back to the start and stops.
+    a.get(&format!("/v1/pipelines/{p}/output?after={early}"))
+        .error(410, &["output_retention_bytes", &start.to_string()]);
+    a.get(&format!("/v1/pipelines/{p}/output/tail?before={early}"))
+        .error(410, &[&start.to_string()]);
+    let mut before = committed;
+    let mut tail_rows = 0;
+    loop {
+        let page = a
+            .get(&format!(
+                "/v1/pipelines/{p}/output/tail?before={before}&limit=1000"
+            ))
+            .ok();
+        tail_rows += page["count"].as_u64().unwrap() as usize;
+        before = page["from"].as_u64().unwrap();
+        if page["begin"] == true {
+            break;
+        }
+    }
+    assert_eq!((before, tail_rows), (start, kept.len()));
+    // The dropped bytes no longer take disk: not in the file's blocks, not in the usage.
+    use std::os::unix::fs::MetadataExt;
+    let file = std::fs::metadata(data.join("pipelines").join(&p).join("output.jsonl")).unwrap();
+    assert_eq!(file.len(), committed, "offsets are kept");
+    assert!(
+        file.blocks() * 512 < committed - start + 1_000_000,
+        "{} bytes allocated",
+        file.blocks() * 512
+    );
+    // Nine more batches of 1.1 MB took at most the retention's 2 MB (and a segment).
+    let disk = disk_bytes(&a);
+    assert!(
+        disk < disk_after_one + 2_500_000,
+        "{disk} bytes on disk, {disk_after_one} after the first batch"
+    );
+
+    // By age: rows older than 2 s go even when there are few, once the pipeline ticks.
+    let b = tenant(&server, "b", json!({"output_retention_ms": 2000}));
+    let misbehave = b.processor(guests::MISBEHAVE);
+    let q = b.pipeline(json!({"processor": misbehave, "key": "k", "trigger_interval_ms": 50}));
+    b.rows(&q, &[json!({"k": "old", "action": "ok"})]).ok();
+    b.wait_processed(&q, 1);
+    let committed = b.status(&q)["status"]["committed_output_bytes"].clone();
+    let page = wait_for("the old row to expire", Duration::from_secs(60), || {
+        let page = b.get(&format!("/v1/pipelines/{q}/output")).ok();
+        (page["start"] == committed).then_some(page)
+    });
+    assert_eq!(page["count"], 0);
+    b.rows(&q, &[json!({"k": "new", "action": "ok"})]).ok();
+    b.wait_processed(&q, 2);
+    let out = b.output(&q, 10);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0]["k"], "new");
+}

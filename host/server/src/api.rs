@@ -1315,8 +1315,13 @@ async fn read_output(
             q.after
         )));
     }
+    // 0 is the oldest row kept; rows before it were dropped by the output's retention.
+    let start = handle.output_start.load(Ordering::Acquire);
+    let after = if q.after == 0 { start } else { q.after };
+    if after < start {
+        return Err(output_dropped("after", after, start));
+    }
     let path = PipelineHandle::output_path(&handle.dir);
-    let after = q.after;
     let page = blocking(move || -> Result<(String, u64, usize)> {
         use std::io::{BufRead, Read, Seek, SeekFrom};
         let io = |e: std::io::Error| ApiError::internal(format!("cannot read the output: {e}"));
@@ -1367,12 +1372,30 @@ async fn read_output(
         Ok((body, next, rows))
     })
     .await??;
+    // Dropped while it was read: what was read may be the zeros of freed blocks.
+    let start_now = handle.output_start.load(Ordering::Acquire);
+    if after < start_now {
+        return Err(output_dropped("after", after, start_now));
+    }
     let (rows_json, next, count) = page;
     let body = format!(
-        "{{\"rows\":{rows_json},\"count\":{count},\"next\":{next},\"committed\":{committed},\"end\":{}}}",
+        "{{\"rows\":{rows_json},\"count\":{count},\"next\":{next},\"committed\":{committed},\"start\":{start},\"end\":{}}}",
         next == committed
     );
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+/// The answer to a read of output that the pipeline's retention dropped.
+pub(crate) fn output_dropped(param: &str, offset: u64, start: u64) -> ApiError {
+    ApiError::new(
+        StatusCode::GONE,
+        "output_dropped",
+        format!(
+            "the output before offset {start} was dropped by the pipeline's retention \
+             (quotas `output_retention_bytes`, `output_retention_ms`), so `{param}` {offset} \
+             is gone; the oldest row kept starts at {start}"
+        ),
+    )
 }
 
 #[derive(Deserialize)]

@@ -161,26 +161,41 @@ async fn output_tail(
         )));
     }
     let limit = q.limit.unwrap_or(50).clamp(1, MAX_TAIL_ROWS);
+    // Rows before `start` were dropped by the output's retention.
+    let start = h.output_start.load(Ordering::Acquire);
+    if before < start {
+        return Err(crate::api::output_dropped("before", before, start));
+    }
     let path = PipelineHandle::output_path(&h.dir);
-    let (rows, from) = blocking(move || read_tail(&path, before, limit)).await??;
+    let (rows, from) = blocking(move || read_tail(&path, start, before, limit)).await??;
+    let start_now = h.output_start.load(Ordering::Acquire);
+    if from < start_now {
+        return Err(crate::api::output_dropped("before", from, start_now));
+    }
     let body = format!(
-        "{{\"rows\":[{}],\"count\":{},\"from\":{from},\"to\":{before},\"committed\":{committed},\"begin\":{}}}",
+        "{{\"rows\":[{}],\"count\":{},\"from\":{from},\"to\":{before},\"committed\":{committed},\"start\":{start},\"begin\":{}}}",
         rows.join(","),
         rows.len(),
-        from == 0
+        from == start
     );
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
-/// Reads the last `limit` lines that end at `before` in `path`, oldest first, and the offset
-/// where the first of them starts. At most [`MAX_TAIL_BYTES`] of rows (or one row of up to
+/// Reads the last `limit` lines that end at `before` in `path` and start at or after
+/// `floor` (a row start: the first byte kept), oldest first, and the offset where the first
+/// of them starts. At most [`MAX_TAIL_BYTES`] of rows (or one row of up to
 /// [`MAX_TAIL_ROW`]): the page's start is found by scanning back [`TAIL_CHUNK`] bytes at a
 /// time, then the page alone is read, so a request reads at most about twice its answer
 /// from disk and never the rest of the file.
-fn read_tail(path: &std::path::Path, before: u64, limit: usize) -> Result<(Vec<String>, u64)> {
+fn read_tail(
+    path: &std::path::Path,
+    floor: u64,
+    before: u64,
+    limit: usize,
+) -> Result<(Vec<String>, u64)> {
     use std::io::{Read, Seek, SeekFrom};
-    if before == 0 {
-        return Ok((Vec::new(), 0));
+    if before <= floor {
+        return Ok((Vec::new(), before));
     }
     let io = |e: std::io::Error| ApiError::internal(format!("cannot read the output: {e}"));
     let mut f = std::fs::File::open(path).map_err(io)?;
@@ -199,15 +214,15 @@ fn read_tail(path: &std::path::Path, before: u64, limit: usize) -> Result<(Vec<S
     let mut chunk = vec![0u8; TAIL_CHUNK as usize];
     let mut end = before - 1;
     'scan: while rows < limit {
-        if end == 0 {
-            // The file's first row starts at 0.
-            if rows > 0 && before > MAX_TAIL_BYTES {
+        if end == floor {
+            // The first row kept starts at `floor`.
+            if rows > 0 && before - floor > MAX_TAIL_BYTES {
                 break;
             }
-            from = 0;
+            from = floor;
             break;
         }
-        let start = end.saturating_sub(TAIL_CHUNK);
+        let start = end.saturating_sub(TAIL_CHUNK).max(floor);
         let piece = &mut chunk[..(end - start) as usize];
         f.seek(SeekFrom::Start(start)).map_err(io)?;
         f.read_exact(piece).map_err(io)?;
@@ -342,7 +357,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("out.jsonl");
         std::fs::write(&path, text).unwrap();
-        read_tail(&path, before, limit).unwrap()
+        read_tail(&path, 0, before, limit).unwrap()
     }
 
     #[test]
@@ -356,6 +371,19 @@ mod tests {
         assert_eq!(tail(text, 8, 2), (vec!["{\"a\":1}".to_owned()], 0));
         assert_eq!(tail(text, end, 10).0.len(), 3);
         assert_eq!(tail(text, 0, 10), (vec![], 0));
+    }
+
+    #[test]
+    fn the_tail_stops_at_the_first_row_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.jsonl");
+        // The first row was dropped: its bytes are zeros now.
+        std::fs::write(&path, "\0\0\0\0\0\0\0\0{\"a\":2}\n{\"a\":3}\n").unwrap();
+        assert_eq!(
+            read_tail(&path, 8, 24, 10).unwrap(),
+            (vec!["{\"a\":2}".to_owned(), "{\"a\":3}".to_owned()], 8)
+        );
+        assert_eq!(read_tail(&path, 8, 8, 10).unwrap(), (vec![], 8));
     }
 
     #[test]
@@ -388,7 +416,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("out.jsonl");
         std::fs::write(&path, format!("{text}{huge}")).unwrap();
-        let e = read_tail(&path, end + huge.len() as u64, 5).unwrap_err();
+        let e = read_tail(&path, 0, end + huge.len() as u64, 5).unwrap_err();
         assert!(e.message.contains("longer than"), "{}", e.message);
     }
 
@@ -397,7 +425,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("out.jsonl");
         std::fs::write(&path, "{\"a\":1}\n{\"a\":2}\n").unwrap();
-        let e = read_tail(&path, 5, 1).unwrap_err();
+        let e = read_tail(&path, 0, 5, 1).unwrap_err();
         assert!(
             e.message.contains("not at the end of a row"),
             "{}",

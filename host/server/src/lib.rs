@@ -51,6 +51,7 @@ mod openapi;
 mod pipeline;
 mod readers;
 mod registry;
+mod retention;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -448,7 +449,7 @@ impl App {
         handle
             .metrics
             .disk_bytes
-            .store(pipeline::dir_size(&dir), Ordering::Relaxed);
+            .store(pipeline::pipeline_disk_bytes(&dir), Ordering::Relaxed);
         {
             let mut status = handle.status.lock().expect("status lock");
             match record.desired {

@@ -29,6 +29,7 @@ use crate::App;
 use crate::input_log::InputLog;
 use crate::meter::Metered;
 use crate::metrics::PipelineMetrics;
+use crate::retention::{Policy, Retention};
 
 /// What a pipeline is doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -152,6 +153,9 @@ pub(crate) struct PipelineHandle {
     /// Why the pipeline stopped at its tenant's state quota (ingest is refused with it
     /// until the pipeline starts again).
     pub state_quota_failure: Mutex<Option<String>>,
+    /// The first byte of the output still kept (see [`crate::retention`]): readers refuse
+    /// offsets before it. Moved by the runner before the bytes before it are dropped.
+    pub output_start: std::sync::atomic::AtomicU64,
     commands: Mutex<Option<mpsc::Sender<Command>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -183,6 +187,7 @@ impl PipelineHandle {
             ingest: Mutex::new(Arc::new(ingest)),
             checks_ready: std::sync::atomic::AtomicBool::new(true),
             state_quota_failure: Mutex::new(None),
+            output_start: std::sync::atomic::AtomicU64::new(Retention::start_of(dir)),
             commands: Mutex::new(None),
             thread: Mutex::new(None),
         })
@@ -374,6 +379,7 @@ struct Runner {
     spec: RunnerSpec,
     app: Weak<App>,
     rx: mpsc::Receiver<Command>,
+    retention: std::cell::RefCell<Retention>,
 }
 
 /// The largest wait between retries of a failed batch.
@@ -389,11 +395,13 @@ impl Runner {
         app: Weak<App>,
         rx: mpsc::Receiver<Command>,
     ) -> Runner {
+        let retention = Retention::load(&handle.dir, PipelineHandle::output_path(&handle.dir));
         Runner {
             handle,
             spec,
             app,
             rx,
+            retention: std::cell::RefCell::new(retention),
         }
     }
 
@@ -502,6 +510,7 @@ impl Runner {
             pending = false;
             match self.run_batches(&mut query, tick) {
                 Ok(more) => {
+                    self.retain();
                     pending |= more;
                     if retry_at.take().is_some() || attempts > 0 {
                         attempts = 0;
@@ -584,7 +593,7 @@ impl Runner {
                         self.handle
                             .metrics
                             .disk_bytes
-                            .store(dir_size(&self.handle.dir), Ordering::Relaxed);
+                            .store(pipeline_disk_bytes(&self.handle.dir), Ordering::Relaxed);
                     }
                     break;
                 }
@@ -601,6 +610,36 @@ impl Runner {
             self.record(&report);
         }
         Ok(false)
+    }
+
+    /// Drops the committed output past the tenant's retention (see [`crate::retention`]).
+    fn retain(&self) {
+        let Some(app) = self.app.upgrade() else {
+            return;
+        };
+        let quotas = app.quotas(&self.handle.tenant);
+        let policy = Policy {
+            bytes: quotas.output_retention_bytes,
+            age_ms: quotas.output_retention_ms,
+        };
+        let committed = self.handle.status().committed_output_bytes;
+        let start = &self.handle.output_start;
+        let before = start.load(Ordering::Acquire);
+        let applied = self.retention.borrow_mut().apply(
+            committed,
+            crate::registry::now_ms(),
+            policy,
+            |new| start.store(new, Ordering::Release),
+        );
+        if let Err(e) = applied {
+            tracing::warn!(error = %e, pipeline = %self.handle.id, "cannot drop output past its retention");
+        }
+        if start.load(Ordering::Acquire) != before {
+            self.handle
+                .metrics
+                .disk_bytes
+                .store(pipeline_disk_bytes(&self.handle.dir), Ordering::Relaxed);
+        }
     }
 
     /// Lets the next batch write at most what is left of the tenant's state quota (over
@@ -647,7 +686,7 @@ impl Runner {
         let state_bytes = dir_size(&self.spec.opts.checkpoint);
         m.state_bytes.store(state_bytes, Ordering::Relaxed);
         m.disk_bytes
-            .store(dir_size(&self.handle.dir), Ordering::Relaxed);
+            .store(pipeline_disk_bytes(&self.handle.dir), Ordering::Relaxed);
         self.set_status(|s| {
             s.committed_output_bytes = c.output_bytes;
             s.state_bytes = state_bytes;
@@ -721,6 +760,16 @@ fn reclaim_input(dir: &Path) {
             tracing::warn!(error = %e, segment = %name, "cannot remove a processed input segment");
         }
     }
+}
+
+/// Bytes a pipeline in `dir` takes on disk: its files' lengths, less the output its
+/// retention punched out (the output file keeps its length; its blocks are freed).
+pub(crate) fn pipeline_disk_bytes(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let punched = std::fs::metadata(PipelineHandle::output_path(dir)).map_or(0, |m| {
+        m.len().saturating_sub(m.blocks().saturating_mul(512))
+    });
+    dir_size(dir).saturating_sub(punched)
 }
 
 /// Bytes of the files under `dir`.

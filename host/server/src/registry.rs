@@ -51,8 +51,16 @@ pub struct Quotas {
     pub max_workers: u32,
     /// Bytes on disk over all the tenant's pipelines (input log, output, state) and
     /// processors (components and their compiled artefacts): ingest and uploads that would
-    /// go past it are refused (HTTP 403). Input a pipeline has processed is reclaimed.
+    /// go past it are refused (HTTP 403). Input a pipeline has processed is reclaimed, and
+    /// output past its retention (`output_retention_bytes`, `output_retention_ms`).
     pub max_disk_bytes: u64,
+    /// Committed output one pipeline keeps at most, in bytes: its oldest rows are dropped
+    /// past it, whole segments (an eighth of this) at a time, never the newest one (see
+    /// the `retention` module).
+    pub output_retention_bytes: u64,
+    /// Committed output older than this (since its batch committed) is dropped, in
+    /// milliseconds.
+    pub output_retention_ms: u64,
 }
 
 impl Default for Quotas {
@@ -72,6 +80,8 @@ impl Default for Quotas {
             max_batch_bytes: 64 << 20,
             max_workers: 4,
             max_disk_bytes: 256 << 30,
+            output_retention_bytes: 1 << 30,
+            output_retention_ms: 7 * 24 * 3600 * 1000,
         }
     }
 }
@@ -112,6 +122,8 @@ impl Quotas {
             ("max_batch_bytes", self.max_batch_bytes),
             ("max_workers", u64::from(self.max_workers)),
             ("max_disk_bytes", self.max_disk_bytes),
+            ("output_retention_bytes", self.output_retention_bytes),
+            ("output_retention_ms", self.output_retention_ms),
         ];
         for (name, value) in positive {
             if value == 0 {
