@@ -1,10 +1,9 @@
 //! `statebox run` with Kafka: the `kafka://` input and output and their settings.
 
-use anyhow::Context;
 use clap::Args;
 use statebox_engine::Endpoints;
 use statebox_kafka::{
-    Column, Delivery, KafkaSink, KafkaSource, KafkaUrl, SinkOptions, SourceOptions, StartingOffsets,
+    Column, Delivery, InputSettings, KafkaUrl, OutputSettings, QueryShape, StartingOffsets,
 };
 
 /// Settings of a `kafka://` input or output.
@@ -93,42 +92,24 @@ pub(crate) fn endpoints(args: &KafkaArgs, w: Wiring<'_>) -> anyhow::Result<Endpo
     if input.is_none() && output.is_none() && !args.kafka_options.is_empty() {
         anyhow::bail!("--kafka-option needs a Kafka input or output");
     }
-    let mut endpoints = Endpoints::default();
-    if let Some(url) = input {
-        let mut columns = args.kafka_columns.clone();
-        // The record timestamp as event time: `--event-time timestamp` (or any Kafka
-        // column) brings its column along.
-        if let Some(c) = w.event_time.and_then(|c| c.parse::<Column>().ok())
-            && !columns.contains(&c)
-        {
-            columns.push(c);
-        }
-        let source = KafkaSource::new(SourceOptions {
-            url,
-            client_options: args.kafka_options.clone(),
-            starting_offsets: args.starting_offsets.clone(),
-            max_records_per_batch: args.max_records_per_batch,
-            bounded: w.bounded,
-            columns,
-            idle_timeout_ms: args.partition_idle_timeout,
-        })
-        .context("cannot set up the Kafka input")?;
-        endpoints.source = Some(Box::new(source));
-    }
-    if let Some(url) = output {
-        let key_columns = if args.output_key.is_empty() {
-            w.key_columns.to_vec()
-        } else {
-            args.output_key.clone()
-        };
-        let sink = KafkaSink::new(SinkOptions {
-            url,
-            client_options: args.kafka_options.clone(),
-            key_columns,
-            delivery: args.output_delivery,
-        })
-        .context("cannot set up the Kafka output")?;
-        endpoints.sink = Some(Box::new(sink));
-    }
-    Ok(endpoints)
+    let input = input.map(|url| InputSettings {
+        url,
+        client_options: args.kafka_options.clone(),
+        starting_offsets: args.starting_offsets.clone(),
+        max_records_per_batch: args.max_records_per_batch,
+        columns: args.kafka_columns.clone(),
+        idle_timeout_ms: args.partition_idle_timeout,
+    });
+    let output = output.map(|url| OutputSettings {
+        url,
+        client_options: args.kafka_options.clone(),
+        key_columns: args.output_key.clone(),
+        delivery: args.output_delivery,
+    });
+    let shape = QueryShape {
+        key_columns: w.key_columns,
+        event_time: w.event_time,
+        bounded: w.bounded,
+    };
+    Ok(statebox_kafka::endpoints(input, output, shape)?)
 }

@@ -17,9 +17,11 @@
 //! checkpoint lacks with its output suppressed.
 
 pub mod client;
+mod endpoints;
 mod sink;
 mod source;
 
+pub use crate::endpoints::{InputSettings, OutputSettings, QueryShape, endpoints};
 pub use crate::sink::{Delivery, KafkaSink, SinkOptions};
 pub use crate::source::{
     Column, DEFAULT_IDLE_TIMEOUT_MS, KafkaSource, SourceOptions, StartingOffsets,
