@@ -31,6 +31,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::Headers;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use statebox_engine::StateReader;
 
 /// The tansu binary: `$STATEBOX_KAFKA_DIR/bin/tansu`, default `~/.cache/statebox/kafka`.
 pub fn tansu_bin() -> PathBuf {
@@ -327,11 +328,11 @@ impl Broker {
             .expect("a read timeout");
         let mut out: Vec<RawBatch> = Vec::new();
         let mut next = 0i64;
-        for correlation in 1.. {
+        for correlation in 1i32.. {
             let mut req = Vec::new();
             req.extend(1i16.to_be_bytes()); // api key: Fetch
             req.extend(4i16.to_be_bytes()); // api version
-            req.extend((correlation as i32).to_be_bytes());
+            req.extend(correlation.to_be_bytes());
             put_str(&mut req, "statebox-test-raw");
             req.extend((-1i32).to_be_bytes()); // replica id
             req.extend(100i32.to_be_bytes()); // max wait ms
@@ -352,7 +353,7 @@ impl Broker {
             let mut resp = vec![0u8; i32::from_be_bytes(len) as usize];
             conn.read_exact(&mut resp).expect("a Fetch response");
             let mut r = Cursor(&resp);
-            assert_eq!(r.i32(), correlation as i32, "response to another request");
+            assert_eq!(r.i32(), correlation, "response to another request");
             r.i32(); // throttle
             assert_eq!(r.i32(), 1, "one topic in the Fetch response");
             r.str();
@@ -494,4 +495,107 @@ impl<'a> Cursor<'a> {
         }
         ((v >> 1) as i64) ^ -((v & 1) as i64)
     }
+}
+
+/// `count` of `plugins/counter` per key, from a checkpoint.
+pub fn counts_in_state(checkpoint: &std::path::Path) -> BTreeMap<String, i64> {
+    let reader = StateReader::open(checkpoint).expect("open the checkpoint");
+    let mut out = BTreeMap::new();
+    reader
+        .read_state("count", true, None, |row| {
+            let key = row["key"]["user"]
+                .as_str()
+                .unwrap_or_else(|| panic!("a state row keyed by user: {row}"))
+                .to_owned();
+            out.insert(key, row["value"].as_i64().expect("a count"));
+            Ok(())
+        })
+        .expect("read count");
+    out
+}
+
+/// Checks a counter query's Kafka output and state after crashes (`statebox run` or a
+/// `statebox serve` pipeline): on the records a correct
+/// `read_committed` consumer sees, each key's counts add up to the records produced for it,
+/// each batch the checkpoint committed is in Kafka in exactly one committed transaction (the
+/// one the checkpoint names) with exactly the batch's rows, and state holds the same counts.
+/// Returns the batches, the committed output records and the records of transactions that
+/// did not commit.
+pub fn assert_counted_exactly_once(
+    broker: &Broker,
+    topic: &str,
+    partitions: i32,
+    checkpoint: &std::path::Path,
+    produced: &BTreeMap<String, i64>,
+) -> (usize, usize, usize) {
+    let reader = StateReader::open(checkpoint).expect("open the checkpoint");
+    let commits = reader.progress(usize::MAX).expect("commit records");
+    drop(reader);
+    let delivery: BTreeMap<u64, (String, u64)> = commits
+        .iter()
+        .map(|c| {
+            let id = c
+                .sink_delivery
+                .clone()
+                .unwrap_or_else(|| panic!("batch {} names no delivery", c.batch_id));
+            (c.batch_id, (id, c.output_rows))
+        })
+        .collect();
+    // What a correct broker shows a `read_committed` consumer: the records of committed
+    // transactions, decided from the transaction markers in the raw log (tansu would also
+    // show the aborted ones; see the module docs).
+    let (committed, aborted) = broker.committed_offsets(topic, partitions);
+    let committed: std::collections::BTreeSet<(i32, i64)> = committed.into_iter().collect();
+    let records = broker.read_all(topic, "read_committed");
+    let kept: Vec<&Record> = records
+        .iter()
+        .filter(|r| committed.contains(&(r.partition, r.offset)))
+        .collect();
+    assert_eq!(
+        kept.len(),
+        committed.len(),
+        "the consumer did not see every committed record"
+    );
+    // Each batch the checkpoint committed is in Kafka exactly once: in one committed
+    // transaction (the delivery the checkpoint names), with exactly the batch's rows.
+    let mut per_batch: BTreeMap<u64, (std::collections::BTreeSet<String>, u64)> = BTreeMap::new();
+    for r in &kept {
+        let batch: u64 = r.headers["statebox.batch"].parse().expect("a batch id");
+        let e = per_batch.entry(batch).or_default();
+        e.0.insert(r.headers["statebox.delivery"].clone());
+        e.1 += 1;
+    }
+    for (batch, (ids, n)) in &per_batch {
+        let (id, rows) = delivery.get(batch).unwrap_or_else(|| {
+            panic!("Kafka committed rows of batch {batch}, which the checkpoint never committed")
+        });
+        assert_eq!(
+            ids.iter().collect::<Vec<_>>(),
+            vec![id],
+            "batch {batch}: committed in Kafka by other transactions than the checkpoint's"
+        );
+        assert_eq!(
+            n, rows,
+            "batch {batch}: the committed delivery holds other rows"
+        );
+    }
+    for (batch, (_, rows)) in &delivery {
+        assert!(
+            *rows == 0 || per_batch.contains_key(batch),
+            "batch {batch}: {rows} rows committed in the checkpoint, none in Kafka"
+        );
+    }
+    let mut totals: BTreeMap<String, i64> = BTreeMap::new();
+    for r in &kept {
+        *totals
+            .entry(r.value["key"].as_str().unwrap().to_owned())
+            .or_default() += r.value["count"].as_i64().unwrap();
+    }
+    assert_eq!(&totals, produced, "output totals differ from the input");
+    assert_eq!(
+        &counts_in_state(checkpoint),
+        produced,
+        "state differs from the input"
+    );
+    (commits.len(), kept.len(), aborted)
 }
