@@ -20,6 +20,7 @@ mod runtime_limits;
 mod sandbox;
 mod scenarios;
 mod serve;
+mod serve_kafka;
 mod serve_limits;
 mod sql;
 mod state_ops;

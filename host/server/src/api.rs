@@ -18,6 +18,7 @@ use statebox_runtime::catalog::{Catalog, InitOp, VarKind};
 
 use crate::auth::{Admin, Caller, TenantId, token_hash};
 use crate::error::ApiError;
+use crate::kafka::{SinkSpec, SourceSpec};
 use crate::pipeline::{PipelineHandle, RunState, STILL_STOPPING};
 use crate::registry::{
     Desired, EventTimeSpec, PipelineRecord, ProcessorRecord, Registry, Tenant, TokenRecord,
@@ -73,6 +74,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .merge(crate::console::routes())
         .merge(crate::api_console::routes())
         .merge(crate::api_sql::routes())
+        .merge(crate::kafka::routes())
         .fallback(not_found)
         .layer(axum::middleware::from_fn(log_request))
         .with_state(app)
@@ -177,13 +179,13 @@ fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T> {
 const DRAIN_LIMIT: u64 = 64 << 20;
 
 /// Largest body of the small JSON requests (tenants, quotas, upgrades, grants).
-const SMALL_BODY: u64 = 1 << 20;
+pub(crate) const SMALL_BODY: u64 = 1 << 20;
 
 /// Reads a request body of at most `limit` bytes; larger ones answer 413 without being
 /// buffered (a declared `Content-Length` over the limit is refused before any of the body
 /// is read; a body without one is read only up to the limit). A body that sends nothing for
 /// [`crate::HttpLimits::body_idle_timeout`] answers 408.
-async fn read_body(
+pub(crate) async fn read_body(
     app: &App,
     headers: &HeaderMap,
     body: Body,
@@ -387,6 +389,7 @@ async fn create_tenant(
         created_ms: now_ms(),
         tokens: vec![token_record],
         quotas,
+        kafka_brokers: Vec::new(),
     };
     let mut body = tenant_json(&tenant);
     body["token"] = json!(token);
@@ -885,6 +888,12 @@ struct CreatePipeline {
     /// Rows of the initial state (JSON objects with the key columns).
     #[serde(default)]
     initial_state: Option<Vec<Box<serde_json::value::RawValue>>>,
+    /// HTTP ingest (the default) or Kafka topics (see [`crate::kafka`]).
+    #[serde(default)]
+    source: SourceSpec,
+    /// The output log (the default) or a Kafka topic.
+    #[serde(default)]
+    sink: SinkSpec,
 }
 
 /// `"k"`, `"a,b"` or `["a", "b"]`.
@@ -915,6 +924,7 @@ fn pipeline_json(record: &PipelineRecord, handle: Option<&PipelineHandle>) -> Va
     if let Value::Object(o) = &mut v {
         o.remove("tenant");
     }
+    crate::kafka::redact(&mut v);
     v
 }
 
@@ -943,7 +953,7 @@ async fn create_pipeline(
         "pipeline definition",
     )
     .await?;
-    let req: CreatePipeline = parse_json(&bytes)?;
+    let mut req: CreatePipeline = parse_json(&bytes)?;
     let key = req.key.columns();
     if key.is_empty() || key.iter().any(|c| c.is_empty()) {
         return Err(ApiError::bad_request(
@@ -974,6 +984,8 @@ async fn create_pipeline(
             "`name` is longer than the limit of {MAX_NAME_BYTES} bytes"
         )));
     }
+    crate::kafka::check_spec(&mut req.source, &mut req.sink, req.event_time.is_some())?;
+    app.check_kafka_grant(&tenant, &req.source, &req.sink)?;
     // A place is reserved under the quota; no lock is held while the processor loads and
     // its `init` runs.
     let (processor, _reserved) = {
@@ -1021,6 +1033,8 @@ async fn create_pipeline(
         created_ms: now_ms(),
         http_hosts: Vec::new(),
         http_hosts_for: None,
+        source: req.source,
+        sink: req.sink,
     };
     let mut initial = String::new();
     for (i, row) in req.initial_state.iter().flatten().enumerate() {
@@ -1057,7 +1071,7 @@ async fn create_pipeline(
                     )
                     .map_err(|e| format!("cannot open the input log: {e}"))?,
                 );
-                handle.start(app2.runner_spec(&record2, loaded), app2.me.clone())?;
+                handle.start(app2.runner_spec(&record2, loaded)?, app2.me.clone())?;
                 Ok(handle)
             })();
             if started.is_err() {
@@ -1205,6 +1219,7 @@ async fn ingest(
     body: Body,
 ) -> Result<axum::Json<Value>> {
     let handle = handle(&app, &tenant, &id)?;
+    app.refuse_ingest_if_kafka(&id)?;
     // Rows are checked against the processor's input schema before they are acknowledged;
     // while a pipeline resumes after a restart, ingest waits (a while) for it to load.
     let waiting = Instant::now();
@@ -1306,6 +1321,7 @@ async fn read_output(
 ) -> Result<Response> {
     let Query(q) = query?;
     let handle = handle(&app, &tenant, &id)?;
+    app.refuse_output_if_kafka(&id)?;
     let committed = handle.status().committed_output_bytes;
     let limit = q.limit.unwrap_or(1000).clamp(1, MAX_PAGE_ROWS);
     if q.after > committed {
@@ -1493,7 +1509,7 @@ fn start_runner(
     let processor = app.processor_record(&record.tenant, &record.processor)?;
     let loaded = app.load_for_pipeline(record, &processor)?;
     *h.ingest.lock().expect("ingest lock") = Arc::new(ingest_check(record, &loaded));
-    h.start(app.runner_spec(record, loaded), app.me.clone())
+    h.start(app.runner_spec(record, loaded)?, app.me.clone())
 }
 
 async fn start_pipeline(
@@ -1503,6 +1519,7 @@ async fn start_pipeline(
 ) -> Result<axum::Json<Value>> {
     let h = handle(&app, &tenant, &id)?;
     let mut record = pipeline_record(&app, &tenant, &id)?;
+    app.check_kafka_grant(&tenant, &record.source, &record.sink)?;
     let (app2, record2, h2) = (app.clone(), record.clone(), h.clone());
     blocking(move || start_runner(&app2, &record2, &h2))
         .await?

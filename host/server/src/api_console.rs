@@ -152,6 +152,7 @@ async fn output_tail(
 ) -> Result<Response> {
     let Query(q) = query?;
     let h = pipeline(&app, &tenant, &id)?;
+    app.refuse_output_if_kafka(&id)?;
     let committed = h.status().committed_output_bytes;
     let before = q.before.unwrap_or(committed);
     if before > committed {

@@ -31,6 +31,9 @@
 //!   `HTTP-request-denied`; an allowed one is bounded by the call's CPU deadline. A batch
 //!   that is replayed sends its requests again, so replays are deterministic only as far
 //!   as the services called are.
+//! - **Kafka.** A pipeline's source and sink may be Kafka topics instead of HTTP ingest and
+//!   the output log, on brokers the admin granted the tenant, with only safe client options
+//!   (see [`kafka`]).
 //!
 //! Metadata (tenants, token hashes, processors, pipelines) lives in `registry.json`, written
 //! atomically. Compiled components are loaded only if this server wrote them (see
@@ -45,6 +48,7 @@ pub mod bench;
 mod console;
 mod error;
 mod input_log;
+mod kafka;
 mod meter;
 mod metrics;
 mod openapi;
@@ -537,7 +541,7 @@ impl App {
         *handle.ingest.lock().expect("ingest lock") = Arc::new(ingest_check(record, &loaded));
         handle.checks_ready.store(true, Ordering::Release);
         if record.desired == Desired::Running {
-            handle.start(self.runner_spec(record, loaded), self.me.clone())?;
+            handle.start(self.runner_spec(record, loaded)?, self.me.clone())?;
         }
         Ok(())
     }
@@ -697,7 +701,14 @@ impl App {
         self.load(&bytes, limits).map_err(|e| e.to_string())
     }
 
-    fn runner_spec(&self, record: &PipelineRecord, processor: Processor) -> RunnerSpec {
+    /// What a pipeline's runner needs; refuses Kafka brokers the tenant's grant does not
+    /// list.
+    fn runner_spec(
+        &self,
+        record: &PipelineRecord,
+        processor: Processor,
+    ) -> Result<RunnerSpec, String> {
+        let endpoints = self.kafka_endpoints(record)?;
         let dir = self.pipeline_dir(&record.id);
         let quotas = self.quotas(&record.tenant);
         let checkpoint = PipelineHandle::checkpoint_dir(&dir);
@@ -731,19 +742,20 @@ impl App {
         let budget = processor.limits().batch_cpu.clone().unwrap_or_else(|| {
             Arc::new(BatchBudget::new(Duration::from_millis(quotas.batch_cpu_ms)))
         });
-        RunnerSpec {
+        Ok(RunnerSpec {
             factory: Arc::new(Metered {
                 processor,
                 usage: self.usage(&record.tenant),
                 budget,
             }),
             opts,
+            endpoints,
             trigger: Duration::from_millis(record.trigger_interval_ms),
             time_mode: record.time_mode,
             max_attempts: self.config.max_attempts.max(1),
             backoff: self.config.retry_backoff,
             open_wait: self.config.http.open_wait,
-        }
+        })
     }
 
     /// Records that a pipeline failed (its runner stopped), durably. The reason is cut to

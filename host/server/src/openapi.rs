@@ -35,7 +35,7 @@ const ID: (&str, &str, &str, bool) = ("id", "path", "string", true);
 pub(crate) fn document() -> Value {
     let tenant = "tenantToken";
     let admin = "adminToken";
-    json!({
+    let mut doc = json!({
         "openapi": "3.1.0",
         "info": {
             "title": "Statebox",
@@ -127,5 +127,7 @@ pub(crate) fn document() -> Value {
                 }},
             }
         }
-    })
+    });
+    crate::kafka::document(&mut doc);
+    doc
 }

@@ -22,7 +22,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use statebox_engine::{BatchReport, CommitRecord, EngineError, Query, QueryOptions, TimeMode};
+use statebox_engine::{
+    BatchReport, CommitRecord, EngineError, Endpoints, Query, QueryOptions, TimeMode,
+};
 use statebox_schema::RowScanner;
 
 use crate::App;
@@ -118,6 +120,8 @@ impl IngestCheck {
 pub(crate) struct RunnerSpec {
     pub factory: Arc<Metered>,
     pub opts: QueryOptions,
+    /// Kafka source and sink, where the pipeline has them (see [`crate::kafka`]).
+    pub endpoints: Endpoints,
     pub trigger: Duration,
     pub time_mode: TimeMode,
     pub max_attempts: u32,
@@ -417,9 +421,10 @@ impl Runner {
         guarded(&handle, &app, move || self.run_inner(opened));
     }
 
-    fn run_inner(self, opened: mpsc::Sender<Result<(), String>>) {
+    fn run_inner(mut self, opened: mpsc::Sender<Result<(), String>>) {
         let opts = self.spec.opts.clone();
-        let mut query = match Query::open(opts, self.spec.factory.clone()) {
+        let endpoints = std::mem::take(&mut self.spec.endpoints);
+        let mut query = match Query::open_with(opts, self.spec.factory.clone(), endpoints) {
             Ok(q) => q,
             Err(e) => {
                 let reason = crate::bounded_message(&e.to_string());

@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use statebox_engine::{OutputMode, TimeMode};
 
+use crate::kafka::{SinkSpec, SourceSpec};
+
 /// Per-tenant quotas and sandbox limits. Every field has a default, so an admin names only
 /// what differs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -153,6 +155,11 @@ pub struct Tenant {
     pub created_ms: i64,
     pub tokens: Vec<TokenRecord>,
     pub quotas: Quotas,
+    /// Kafka brokers (`HOST:PORT`, host in lower case) the tenant's pipelines may read and
+    /// write. Only the admin grants them (`PUT /v1/tenants/{id}/kafka`); empty, the
+    /// default, allows none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kafka_brokers: Vec<String>,
 }
 
 /// A state variable a processor declares in `init`.
@@ -237,6 +244,12 @@ pub struct PipelineRecord {
     /// another one drops it, and a processor is loaded with it only if the digests match.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http_hosts_for: Option<String>,
+    /// Where the pipeline reads: HTTP ingest (the default) or Kafka topics.
+    #[serde(default)]
+    pub source: SourceSpec,
+    /// Where the pipeline writes: its output log (the default) or a Kafka topic.
+    #[serde(default)]
+    pub sink: SinkSpec,
 }
 
 /// Everything the registry file holds.

@@ -139,8 +139,8 @@ export async function pipelineView(main, id, tab) {
       case 'progress': return progressTab(live);
       case 'state': return stateTab(base);
       case 'sql': return sqlTab(base);
-      case 'output': return outputTab(base, live);
-      case 'ingest': return ingestTab(base, live);
+      case 'output': return p.sink && p.sink.kafka ? kafkaNote('output', p.sink.kafka) : outputTab(base, live);
+      case 'ingest': return p.source && p.source.kafka ? kafkaNote('ingest', p.source.kafka) : ingestTab(base, live);
       case 'settings': return settingsTab(base, live, processors, (np) => { p = np; live.pipeline = np; drawHead(); });
       default: return [];
     }
@@ -193,6 +193,14 @@ function progressTab(live) {
   live.listeners.add(draw);
   if (live.progress.length) draw();
   return [h('p', { class: 'dim small' }, 'One record per committed batch, newest first.'), box];
+}
+
+/** What the Output or Ingest tab says when that side of the pipeline is a Kafka topic. */
+function kafkaNote(side, k) {
+  const brokers = k.brokers.join(', ');
+  return [side === 'output'
+    ? empty(`This pipeline writes its output to the Kafka topic ${k.topic} on ${brokers}, one transaction per batch. Read it with a Kafka consumer (isolation.level=read_committed sees each row once).`)
+    : empty(`This pipeline reads the Kafka topic${k.topics.length === 1 ? '' : 's'} ${k.topics.join(', ')} on ${brokers}, a batch every trigger interval. Produce rows to ${k.topics.length === 1 ? 'it' : 'them'}; HTTP ingest is refused.`)];
 }
 
 function outputTab(base, live) {

@@ -14,7 +14,8 @@ export function glance(p) {
     rowsPerS: last ? last.rows_per_s : null,
     lastBatch: last ? last.batch_id : null,
     lastBatchMs: last ? last.timestamp_ms : null,
-    lag: (p.rows_acknowledged ?? 0) - (p.rows_processed ?? 0),
+    // A pipeline reading Kafka acknowledges nothing over HTTP: its lag is in the topic.
+    lag: p.source && p.source.kafka ? null : (p.rows_acknowledged ?? 0) - (p.rows_processed ?? 0),
   };
 }
 

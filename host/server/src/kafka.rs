@@ -1,0 +1,820 @@
+//! Kafka sources and sinks of pipelines, and the admin's grants of Kafka brokers.
+//!
+//! A pipeline reads HTTP ingest (`"source": "http"`, the default) or Kafka topics
+//! (`"source": {"kafka": {...}}`), and writes its output log (`"sink": "output"`, the
+//! default) or a Kafka topic (`"sink": {"kafka": {...}}`), with the guarantees of
+//! `statebox run`: offsets planned and logged before each batch and committed with its
+//! state, and one Kafka transaction per batch (see `statebox_kafka`). The endpoints are
+//! built by [`statebox_kafka::endpoints`], as the CLI builds its own.
+//!
+//! - **Grants.** A tenant reaches only the brokers the admin granted it
+//!   (`PUT /v1/tenants/{id}/kafka {"brokers": ["HOST:PORT", ...]}`, the complete list;
+//!   stored with the tenant in the registry). Creating or starting a pipeline with a broker
+//!   not granted is refused (HTTP 403, naming it); so is resuming one after a restart. A
+//!   grant that no longer lists a broker stops the pipelines using it and marks them failed.
+//!   A grant covers the cluster behind the address: librdkafka connects to every broker the
+//!   cluster advertises in its metadata, which the grant cannot list.
+//! - **Client options.** Tenants pass librdkafka settings only from [`ALLOWED_OPTIONS`]
+//!   (authentication and the client id); anything else is refused (HTTP 422, naming it):
+//!   others read host files (`ssl.*.location`), load code (`plugin.library.paths`) or run
+//!   commands (`sasl.kerberos.kinit.cmd`).
+//! - **Ingest and output.** A pipeline with a Kafka source refuses HTTP ingest and runs its
+//!   batches on its trigger interval; one with a Kafka sink has no output log to read.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::put;
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::{Value, json};
+use statebox_engine::Endpoints;
+use statebox_kafka::{Column, Delivery, InputSettings, KafkaUrl, OutputSettings, QueryShape};
+
+use crate::App;
+use crate::auth::Admin;
+use crate::error::ApiError;
+use crate::pipeline::RunState;
+use crate::registry::{Desired, PipelineRecord};
+
+type Result<T> = std::result::Result<T, ApiError>;
+
+/// The librdkafka settings a tenant may give a Kafka source or sink. Nothing here makes the
+/// client read or load host files, run commands, or connect elsewhere than the brokers.
+pub const ALLOWED_OPTIONS: &[&str] = &[
+    "client.id",
+    "security.protocol",
+    "sasl.mechanism",
+    "sasl.mechanisms",
+    "sasl.username",
+    "sasl.password",
+    "ssl.endpoint.identification.algorithm",
+];
+
+/// The SASL mechanisms a tenant may choose: the ones that need nothing but a user name
+/// and password (GSSAPI runs `kinit` and reads a keytab; OAUTHBEARER needs more settings).
+const ALLOWED_SASL_MECHANISMS: &[&str] = &["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"];
+
+/// Where a pipeline reads.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceSpec {
+    /// Rows ingested over HTTP into the pipeline's input log.
+    #[default]
+    Http,
+    /// Kafka topics.
+    Kafka(KafkaSourceSpec),
+}
+
+/// Where a pipeline writes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SinkSpec {
+    /// The pipeline's output log (`GET .../output`).
+    #[default]
+    Output,
+    /// A Kafka topic.
+    Kafka(KafkaSinkSpec),
+}
+
+/// A Kafka source: `{"brokers", "topics", ...}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSourceSpec {
+    /// Bootstrap brokers, `HOST:PORT` (a list, or one comma-separated string).
+    #[serde(deserialize_with = "list_or_commas")]
+    pub brokers: Vec<String>,
+    /// Topics read (a list, or one comma-separated string).
+    #[serde(deserialize_with = "list_or_commas")]
+    pub topics: Vec<String>,
+    /// Where a new pipeline starts: `earliest` (the default), `latest`, or per topic and
+    /// partition an offset (-2 earliest, -1 latest), as in Spark.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub starting_offsets: Option<StartingOffsetsSpec>,
+    /// At most this many offsets per batch over all partitions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_records_per_batch: Option<u64>,
+    /// Kafka columns added to every row: key, topic, partition, offset, timestamp.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub columns: Vec<String>,
+    /// In event-time mode, how long a partition without records holds the watermark back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition_idle_timeout_ms: Option<i64>,
+    /// librdkafka settings from [`ALLOWED_OPTIONS`].
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub options: BTreeMap<String, String>,
+}
+
+/// `"earliest"`, `"latest"` or `{"topic": {"0": 23, "1": -2}}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum StartingOffsetsSpec {
+    Named(String),
+    Offsets(BTreeMap<String, BTreeMap<String, i64>>),
+}
+
+/// A Kafka sink: `{"brokers", "topic", ...}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSinkSpec {
+    /// Bootstrap brokers, `HOST:PORT` (a list, or one comma-separated string).
+    #[serde(deserialize_with = "list_or_commas")]
+    pub brokers: Vec<String>,
+    /// The output topic.
+    pub topic: String,
+    /// Output columns that make each record's key (default: the pipeline's key columns).
+    #[serde(
+        default,
+        deserialize_with = "list_or_commas",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub key: Vec<String>,
+    /// `exactly-once` (the default: one transaction per batch) or `at-least-once`.
+    #[serde(default)]
+    pub delivery: DeliverySpec,
+    /// librdkafka settings from [`ALLOWED_OPTIONS`].
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub options: BTreeMap<String, String>,
+}
+
+/// How a Kafka sink delivers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeliverySpec {
+    #[default]
+    ExactlyOnce,
+    AtLeastOnce,
+}
+
+/// A list of strings, or one string of comma-separated items.
+fn list_or_commas<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match Raw::deserialize(d)? {
+        Raw::One(s) => s.split(',').map(|p| p.trim().to_owned()).collect(),
+        Raw::Many(v) => v.into_iter().map(|p| p.trim().to_owned()).collect(),
+    })
+}
+
+impl SourceSpec {
+    fn kafka(&self) -> Option<&KafkaSourceSpec> {
+        match self {
+            SourceSpec::Kafka(k) => Some(k),
+            SourceSpec::Http => None,
+        }
+    }
+}
+
+impl SinkSpec {
+    fn kafka(&self) -> Option<&KafkaSinkSpec> {
+        match self {
+            SinkSpec::Kafka(k) => Some(k),
+            SinkSpec::Output => None,
+        }
+    }
+}
+
+/// `HOST:PORT` with the host in lower case (how grants and specs are compared), or why
+/// `broker` is not one.
+fn normal_broker(broker: &str) -> std::result::Result<String, String> {
+    let (host, port) = broker
+        .rsplit_once(':')
+        .ok_or_else(|| format!("broker `{broker}` has no port (expected HOST:PORT)"))?;
+    let host_ok = !host.is_empty()
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '[' | ']' | ':'));
+    if !host_ok || port.parse::<u16>().map_or(true, |p| p == 0) {
+        return Err(format!("broker `{broker}` is not HOST:PORT"));
+    }
+    Ok(format!("{}:{port}", host.to_ascii_lowercase()))
+}
+
+/// The brokers of a spec, normalised; a 400 naming `field` for a bad one.
+fn brokers(field: &str, list: &[String]) -> Result<Vec<String>> {
+    if list.is_empty() || list.iter().all(String::is_empty) {
+        return Err(ApiError::bad_request(format!(
+            "`{field}` must name at least one broker (HOST:PORT)"
+        )));
+    }
+    list.iter()
+        .map(|b| normal_broker(b).map_err(|e| ApiError::bad_request(format!("`{field}`: {e}"))))
+        .collect()
+}
+
+/// Parses brokers and topics as a `kafka://` address (Kafka's own rules for topic names).
+fn url(field: &str, brokers: &[String], topics: &[String]) -> Result<KafkaUrl> {
+    let text = format!("kafka://{}/{}", brokers.join(","), topics.join(","));
+    KafkaUrl::parse(&text)
+        .map_err(|e| ApiError::bad_request(format!("`{field}`: {e}")))?
+        .ok_or_else(|| ApiError::internal("a kafka:// address did not parse as one"))
+}
+
+/// Checks client options against [`ALLOWED_OPTIONS`]: 422 naming the first one refused.
+fn check_options(field: &str, options: &BTreeMap<String, String>) -> Result<()> {
+    for (key, value) in options {
+        if !ALLOWED_OPTIONS.contains(&key.as_str()) {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "forbidden_kafka_option",
+                format!(
+                    "`{field}.{key}`: the Kafka client option `{key}` is not allowed; a \
+                     pipeline may set only {}",
+                    ALLOWED_OPTIONS.join(", ")
+                ),
+            ));
+        }
+        if matches!(key.as_str(), "sasl.mechanism" | "sasl.mechanisms")
+            && !ALLOWED_SASL_MECHANISMS.contains(&value.as_str())
+        {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "forbidden_kafka_option",
+                format!(
+                    "`{field}.{key}`: the SASL mechanism `{value}` is not allowed; a pipeline \
+                     may use {}",
+                    ALLOWED_SASL_MECHANISMS.join(", ")
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a pipeline's source and sink: 400 naming the bad field, 422 for a client option
+/// that is not allowed. Returns them normalised (brokers as compared with grants).
+pub(crate) fn check_spec(
+    source: &mut SourceSpec,
+    sink: &mut SinkSpec,
+    event_time: bool,
+) -> Result<()> {
+    if let SourceSpec::Kafka(k) = source {
+        k.brokers = brokers("source.kafka.brokers", &k.brokers)?;
+        url("source.kafka.topics", &k.brokers, &k.topics)?;
+        let mut seen = std::collections::BTreeSet::new();
+        if let Some(t) = k.topics.iter().find(|t| !seen.insert(*t)) {
+            return Err(ApiError::bad_request(format!(
+                "`source.kafka.topics` names `{t}` twice"
+            )));
+        }
+        starting_offsets(k)?;
+        if k.max_records_per_batch == Some(0) {
+            return Err(ApiError::bad_request(
+                "`source.kafka.max_records_per_batch` must be at least 1",
+            ));
+        }
+        for c in &k.columns {
+            c.parse::<Column>()
+                .map_err(|e| ApiError::bad_request(format!("`source.kafka.columns`: {e}")))?;
+        }
+        if let Some(ms) = k.partition_idle_timeout_ms {
+            if ms <= 0 {
+                return Err(ApiError::bad_request(
+                    "`source.kafka.partition_idle_timeout_ms` must be positive",
+                ));
+            }
+            if !event_time {
+                return Err(ApiError::bad_request(
+                    "`source.kafka.partition_idle_timeout_ms` applies to the watermark: it \
+                     needs time_mode `event-time`",
+                ));
+            }
+        }
+        check_options("source.kafka.options", &k.options)?;
+    }
+    if let SinkSpec::Kafka(k) = sink {
+        k.brokers = brokers("sink.kafka.brokers", &k.brokers)?;
+        let parsed = url(
+            "sink.kafka.topic",
+            &k.brokers,
+            std::slice::from_ref(&k.topic),
+        )?;
+        if parsed.topics.len() != 1 {
+            return Err(ApiError::bad_request(format!(
+                "`sink.kafka.topic`: `{}` is not one topic name; a sink writes to exactly one \
+                 topic",
+                k.topic
+            )));
+        }
+        if k.key.iter().any(String::is_empty) {
+            return Err(ApiError::bad_request(
+                "`sink.kafka.key` must name output columns, none of them empty",
+            ));
+        }
+        check_options("sink.kafka.options", &k.options)?;
+    }
+    Ok(())
+}
+
+/// The starting offsets of a source, checked.
+fn starting_offsets(k: &KafkaSourceSpec) -> Result<statebox_kafka::StartingOffsets> {
+    use statebox_kafka::StartingOffsets;
+    const FIELD: &str = "source.kafka.starting_offsets";
+    Ok(match &k.starting_offsets {
+        None => StartingOffsets::Earliest,
+        Some(StartingOffsetsSpec::Named(n)) => match n.as_str() {
+            "earliest" => StartingOffsets::Earliest,
+            "latest" => StartingOffsets::Latest,
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "`{FIELD}`: `{other}` is not a starting position (expected \"earliest\", \
+                     \"latest\" or {{\"TOPIC\": {{\"PARTITION\": OFFSET}}}})"
+                )));
+            }
+        },
+        Some(StartingOffsetsSpec::Offsets(topics)) => {
+            let mut out = BTreeMap::new();
+            for (topic, parts) in topics {
+                if !k.topics.contains(topic) {
+                    return Err(ApiError::bad_request(format!(
+                        "`{FIELD}` names topic `{topic}`, which `source.kafka.topics` does not \
+                         list"
+                    )));
+                }
+                let mut p = BTreeMap::new();
+                for (part, &offset) in parts {
+                    let n: i32 = part.parse().ok().filter(|n| *n >= 0).ok_or_else(|| {
+                        ApiError::bad_request(format!(
+                            "`{FIELD}.{topic}`: `{part}` is not a partition number"
+                        ))
+                    })?;
+                    if offset < -2 {
+                        return Err(ApiError::bad_request(format!(
+                            "`{FIELD}.{topic}.{part}`: offset {offset} (use -2 for earliest, \
+                             -1 for latest)"
+                        )));
+                    }
+                    p.insert(n, offset);
+                }
+                out.insert(topic.clone(), p);
+            }
+            StartingOffsets::Offsets(out)
+        }
+    })
+}
+
+/// The first broker of a pipeline's source or sink that `granted` does not list.
+fn ungranted<'a>(
+    granted: &[String],
+    source: &'a SourceSpec,
+    sink: &'a SinkSpec,
+) -> Option<&'a str> {
+    let source = source.kafka().map(|k| k.brokers.as_slice()).unwrap_or(&[]);
+    let sink = sink.kafka().map(|k| k.brokers.as_slice()).unwrap_or(&[]);
+    source
+        .iter()
+        .chain(sink)
+        .find(|b| !granted.contains(b))
+        .map(String::as_str)
+}
+
+fn not_granted(broker: &str) -> String {
+    format!(
+        "the Kafka broker `{broker}` is not granted to the tenant; the admin grants brokers \
+         with PUT /v1/tenants/{{id}}/kafka"
+    )
+}
+
+impl App {
+    /// The Kafka brokers the admin granted `tenant`.
+    pub(crate) fn kafka_grant(&self, tenant: &str) -> Vec<String> {
+        self.registry
+            .lock()
+            .expect("registry lock")
+            .data
+            .tenants
+            .get(tenant)
+            .map(|t| t.kafka_brokers.clone())
+            .unwrap_or_default()
+    }
+
+    /// Refuses (403, naming the broker) a source or sink with a broker the tenant's grant
+    /// does not list.
+    pub(crate) fn check_kafka_grant(
+        &self,
+        tenant: &str,
+        source: &SourceSpec,
+        sink: &SinkSpec,
+    ) -> Result<()> {
+        match ungranted(&self.kafka_grant(tenant), source, sink) {
+            None => Ok(()),
+            Some(b) => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "kafka_broker_not_granted",
+                not_granted(b),
+            )),
+        }
+    }
+
+    /// The engine endpoints of a pipeline: Kafka where its spec says so (checked against
+    /// the tenant's grant now), the input log and output file otherwise.
+    pub(crate) fn kafka_endpoints(
+        &self,
+        record: &PipelineRecord,
+    ) -> std::result::Result<Endpoints, String> {
+        if let Some(b) = ungranted(
+            &self.kafka_grant(&record.tenant),
+            &record.source,
+            &record.sink,
+        ) {
+            return Err(not_granted(b));
+        }
+        let input = match record.source.kafka() {
+            None => None,
+            Some(k) => Some(InputSettings {
+                url: url("source.kafka", &k.brokers, &k.topics).map_err(|e| e.message)?,
+                client_options: client_options("source.kafka.options", &k.options)?,
+                starting_offsets: starting_offsets(k).map_err(|e| e.message)?,
+                max_records_per_batch: k.max_records_per_batch,
+                columns: k
+                    .columns
+                    .iter()
+                    .map(|c| c.parse::<Column>().map_err(|e| e.to_string()))
+                    .collect::<std::result::Result<_, _>>()?,
+                idle_timeout_ms: k
+                    .partition_idle_timeout_ms
+                    .unwrap_or(statebox_kafka::DEFAULT_IDLE_TIMEOUT_MS),
+            }),
+        };
+        let output = match record.sink.kafka() {
+            None => None,
+            Some(k) => Some(OutputSettings {
+                url: url("sink.kafka", &k.brokers, std::slice::from_ref(&k.topic))
+                    .map_err(|e| e.message)?,
+                client_options: client_options("sink.kafka.options", &k.options)?,
+                key_columns: k.key.clone(),
+                delivery: match k.delivery {
+                    DeliverySpec::ExactlyOnce => Delivery::ExactlyOnce,
+                    DeliverySpec::AtLeastOnce => Delivery::AtLeastOnce,
+                },
+            }),
+        };
+        let shape = QueryShape {
+            key_columns: &record.key,
+            event_time: record.event_time.as_ref().map(|e| e.column.as_str()),
+            // A pipeline keeps consuming, like `statebox run --trigger interval=...`.
+            bounded: false,
+        };
+        statebox_kafka::endpoints(input, output, shape).map_err(|e| e.to_string())
+    }
+
+    /// Refuses HTTP ingest into a pipeline that reads Kafka (409).
+    pub(crate) fn refuse_ingest_if_kafka(&self, id: &str) -> Result<()> {
+        let source = self.pipeline_source(id);
+        match source.kafka() {
+            None => Ok(()),
+            Some(k) => Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "kafka_source",
+                format!(
+                    "pipeline `{id}` reads Kafka topic(s) {} on {}, not HTTP ingest: produce \
+                     its rows to the topic(s) instead",
+                    quoted(&k.topics),
+                    k.brokers.join(",")
+                ),
+            )),
+        }
+    }
+
+    /// Refuses reading the output log of a pipeline that writes to Kafka (409).
+    pub(crate) fn refuse_output_if_kafka(&self, id: &str) -> Result<()> {
+        let sink = self
+            .registry
+            .lock()
+            .expect("registry lock")
+            .data
+            .pipelines
+            .get(id)
+            .map(|p| p.sink.clone())
+            .unwrap_or_default();
+        match sink.kafka() {
+            None => Ok(()),
+            Some(k) => Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "kafka_sink",
+                format!(
+                    "pipeline `{id}` writes its output to Kafka topic `{}` on {}, not to an \
+                     output log: read it from the topic (with isolation.level=read_committed \
+                     to see each row once)",
+                    k.topic,
+                    k.brokers.join(",")
+                ),
+            )),
+        }
+    }
+
+    fn pipeline_source(&self, id: &str) -> SourceSpec {
+        self.registry
+            .lock()
+            .expect("registry lock")
+            .data
+            .pipelines
+            .get(id)
+            .map(|p| p.source.clone())
+            .unwrap_or_default()
+    }
+}
+
+fn quoted(items: &[String]) -> String {
+    items
+        .iter()
+        .map(|t| format!("`{t}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A spec's client options for librdkafka, checked again (the registry is a file).
+fn client_options(
+    field: &str,
+    options: &BTreeMap<String, String>,
+) -> std::result::Result<Vec<(String, String)>, String> {
+    check_options(field, options).map_err(|e| e.message)?;
+    Ok(options
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect())
+}
+
+/// A pipeline's JSON as shown to its tenant: secrets among its Kafka options redacted.
+pub(crate) fn redact(pipeline: &mut Value) {
+    for side in ["source", "sink"] {
+        if let Some(options) = pipeline
+            .get_mut(side)
+            .and_then(|s| s.get_mut("kafka"))
+            .and_then(|k| k.get_mut("options"))
+            .and_then(Value::as_object_mut)
+            && let Some(p) = options.get_mut("sasl.password")
+        {
+            *p = json!("<redacted>");
+        }
+    }
+}
+
+// ---- Grants (admin) ----
+
+pub(crate) fn routes() -> Router<Arc<App>> {
+    Router::new().route("/v1/tenants/{id}/kafka", put(grant).get(get_grant))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Grant {
+    /// The complete list: it replaces the tenant's previous one.
+    #[serde(deserialize_with = "list_or_commas")]
+    brokers: Vec<String>,
+}
+
+async fn get_grant(
+    State(app): State<Arc<App>>,
+    _admin: Admin,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Value>> {
+    let registry = app.registry.lock().expect("registry lock");
+    let t = registry
+        .data
+        .tenants
+        .get(&id)
+        .ok_or_else(|| ApiError::not_found("tenant", &id))?;
+    Ok(axum::Json(
+        json!({"tenant": id, "brokers": t.kafka_brokers}),
+    ))
+}
+
+/// Sets the Kafka brokers a tenant's pipelines may read and write (admin only). Pipelines
+/// that use a broker no longer listed stop, marked failed with the reason.
+async fn grant(
+    State(app): State<Arc<App>>,
+    _admin: Admin,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<axum::Json<Value>> {
+    let body =
+        crate::api::read_body(&app, &headers, body, crate::api::SMALL_BODY, "request body").await?;
+    let req: Grant = crate::api_console::parse_json(&body)?;
+    let mut brokers = Vec::with_capacity(req.brokers.len());
+    for (i, b) in req.brokers.iter().enumerate() {
+        if b.is_empty() && req.brokers.len() == 1 {
+            continue;
+        }
+        brokers.push(
+            normal_broker(b).map_err(|e| ApiError::bad_request(format!("`brokers[{i}]`: {e}")))?,
+        );
+    }
+    brokers.sort();
+    brokers.dedup();
+    let revoked: Vec<(String, String)> = {
+        let mut registry = app.registry.lock().expect("registry lock");
+        let tenant = registry
+            .data
+            .tenants
+            .get_mut(&id)
+            .ok_or_else(|| ApiError::not_found("tenant", &id))?;
+        tenant.kafka_brokers = brokers.clone();
+        let revoked = registry
+            .data
+            .pipelines
+            .values()
+            .filter(|p| p.tenant == id && p.desired == Desired::Running)
+            .filter_map(|p| {
+                ungranted(&brokers, &p.source, &p.sink).map(|b| (p.id.clone(), not_granted(b)))
+            })
+            .collect();
+        registry
+            .save()
+            .map_err(|e| ApiError::internal(format!("cannot save the registry: {e}")))?;
+        revoked
+    };
+    let stopped: Vec<String> = revoked.iter().map(|(p, _)| p.clone()).collect();
+    let (app2, tenant) = (app.clone(), id.clone());
+    crate::api_console::blocking(move || {
+        for (pipeline, reason) in revoked {
+            let Some(h) = app2.pipeline(&tenant, &pipeline) else {
+                continue;
+            };
+            let reason = format!("stopped: {reason}");
+            // Past the wait the runner ends on its own after its current batch.
+            h.stop(app2.config.http.stop_wait.min(Duration::from_secs(5)));
+            {
+                let mut status = h.status.lock().expect("status lock");
+                status.state = RunState::Failed;
+                status.failure = Some(reason.clone());
+            }
+            app2.pipeline_failed(&pipeline, &reason);
+            tracing::info!(pipeline = %pipeline, "pipeline stopped: its Kafka grant was revoked");
+        }
+    })
+    .await?;
+    tracing::info!(tenant = %id, brokers = ?brokers, "Kafka brokers granted");
+    Ok(axum::Json(json!({"brokers": brokers, "stopped": stopped})))
+}
+
+/// Adds the Kafka parts to the OpenAPI document: the grant endpoint, and the `source` and
+/// `sink` of a pipeline.
+pub(crate) fn document(doc: &mut Value) {
+    let error = json!({"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}});
+    doc["paths"]["/v1/tenants/{id}/kafka"] = json!({
+        "put": {
+            "summary": "Grant a tenant's pipelines the Kafka brokers they may read and write, replacing the previous list (admin only; `[]` revokes every grant). A grant covers the cluster behind the address: librdkafka connects to every broker the cluster advertises. Running pipelines that use a broker no longer listed stop, marked failed",
+            "security": [{"adminToken": []}],
+            "parameters": [{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}],
+            "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/KafkaGrant"}}}},
+            "responses": {"200": {"description": "{brokers, stopped}: the grant and the pipelines it stopped"}, "400": {"description": "a broker that is not HOST:PORT"}, "default": error},
+        },
+        "get": {
+            "summary": "The Kafka brokers granted to a tenant",
+            "security": [{"adminToken": []}],
+            "parameters": [{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}],
+            "responses": {"200": {"description": "{tenant, brokers}"}, "default": error},
+        },
+    });
+    let options = json!({"type": "object", "additionalProperties": {"type": "string"}, "description": format!("librdkafka settings; only {} (422 for any other; SASL mechanisms {})", ALLOWED_OPTIONS.join(", "), ALLOWED_SASL_MECHANISMS.join(", "))});
+    let list = json!({"oneOf": [{"type": "string", "description": "comma-separated"}, {"type": "array", "items": {"type": "string"}}]});
+    let schemas = &mut doc["components"]["schemas"];
+    schemas["KafkaGrant"] = json!({"type": "object", "required": ["brokers"], "properties": {
+        "brokers": {"type": "array", "items": {"type": "string", "description": "HOST:PORT"}},
+    }});
+    schemas["KafkaSource"] = json!({"type": "object", "required": ["brokers", "topics"], "properties": {
+        "brokers": list, "topics": list,
+        "starting_offsets": {"oneOf": [{"enum": ["earliest", "latest"]}, {"type": "object", "description": "{TOPIC: {PARTITION: OFFSET}}, -2 earliest, -1 latest"}], "default": "earliest"},
+        "max_records_per_batch": {"type": "integer"},
+        "columns": {"type": "array", "items": {"enum": ["key", "topic", "partition", "offset", "timestamp"]}},
+        "partition_idle_timeout_ms": {"type": "integer", "default": statebox_kafka::DEFAULT_IDLE_TIMEOUT_MS},
+        "options": options,
+    }});
+    schemas["KafkaSink"] = json!({"type": "object", "required": ["brokers", "topic"], "properties": {
+        "brokers": list, "topic": {"type": "string"}, "key": list,
+        "delivery": {"enum": ["exactly-once", "at-least-once"], "default": "exactly-once"},
+        "options": options,
+    }});
+    let pipeline = &mut schemas["CreatePipeline"]["properties"];
+    pipeline["source"] = json!({"oneOf": [{"const": "http"}, {"type": "object", "required": ["kafka"], "properties": {"kafka": {"$ref": "#/components/schemas/KafkaSource"}}}], "default": "http", "description": "HTTP ingest, or Kafka topics on brokers granted to the tenant (403 otherwise); a Kafka-source pipeline refuses ingest (409)"});
+    pipeline["sink"] = json!({"oneOf": [{"const": "output"}, {"type": "object", "required": ["kafka"], "properties": {"kafka": {"$ref": "#/components/schemas/KafkaSink"}}}], "default": "output", "description": "the output log, or a Kafka topic (one transaction per batch); reading the output of a Kafka-sink pipeline answers 409"});
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source(v: Value) -> SourceSpec {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn specs_parse_with_defaults_and_bad_fields_are_named() {
+        let mut s = source(json!({"kafka": {"brokers": "H:9092, h2:1", "topics": "a,b"}}));
+        let mut sink: SinkSpec = serde_json::from_value(json!("output")).unwrap();
+        check_spec(&mut s, &mut sink, false).unwrap();
+        let k = s.kafka().unwrap();
+        assert_eq!(k.brokers, ["h:9092", "h2:1"]);
+        assert_eq!(k.topics, ["a", "b"]);
+        assert_eq!(source(json!("http")), SourceSpec::Http);
+        for (spec, status, field) in [
+            (
+                json!({"brokers": "h", "topics": ["t"]}),
+                400,
+                "source.kafka.brokers",
+            ),
+            (
+                json!({"brokers": [], "topics": ["t"]}),
+                400,
+                "source.kafka.brokers",
+            ),
+            (
+                json!({"brokers": "h:1", "topics": ["a b"]}),
+                400,
+                "source.kafka.topics",
+            ),
+            (
+                json!({"brokers": "h:1", "topics": "t", "starting_offsets": "middle"}),
+                400,
+                "starting_offsets",
+            ),
+            (
+                json!({"brokers": "h:1", "topics": "t", "starting_offsets": {"u": {"0": 1}}}),
+                400,
+                "`u`",
+            ),
+            (
+                json!({"brokers": "h:1", "topics": "t", "starting_offsets": {"t": {"x": 1}}}),
+                400,
+                "`x`",
+            ),
+            (
+                json!({"brokers": "h:1", "topics": "t", "columns": ["value"]}),
+                400,
+                "source.kafka.columns",
+            ),
+            (
+                json!({"brokers": "h:1", "topics": "t", "max_records_per_batch": 0}),
+                400,
+                "max_records_per_batch",
+            ),
+            (
+                json!({"brokers": "h:1", "topics": "t", "partition_idle_timeout_ms": 5}),
+                400,
+                "event-time",
+            ),
+            (
+                json!({"brokers": "h:1", "topics": "t", "options": {"plugin.library.paths": "/x.so"}}),
+                422,
+                "plugin.library.paths",
+            ),
+            (
+                json!({"brokers": "h:1", "topics": "t", "options": {"ssl.ca.location": "/etc/x"}}),
+                422,
+                "ssl.ca.location",
+            ),
+            (
+                json!({"brokers": "h:1", "topics": "t", "options": {"sasl.mechanism": "GSSAPI"}}),
+                422,
+                "GSSAPI",
+            ),
+        ] {
+            let mut s = source(json!({ "kafka": spec }));
+            let e = check_spec(&mut s, &mut SinkSpec::Output, false).unwrap_err();
+            assert_eq!(e.status.as_u16(), status, "{spec}: {}", e.message);
+            assert!(e.message.contains(field), "{spec}: {}", e.message);
+        }
+        let mut sink: SinkSpec =
+            serde_json::from_value(json!({"kafka": {"brokers": ["h:1"], "topic": "a,b"}})).unwrap();
+        let e = check_spec(&mut SourceSpec::Http, &mut sink, false).unwrap_err();
+        assert!(e.message.contains("sink.kafka.topic"), "{}", e.message);
+        assert!(
+            serde_json::from_value::<SinkSpec>(
+                json!({"kafka": {"brokers": ["h:1"], "topic": "t", "delivery": "twice"}})
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn grants_name_the_first_broker_missing() {
+        let mut s = source(json!({"kafka": {"brokers": "a:1,B:2", "topics": "t"}}));
+        let mut sink: SinkSpec =
+            serde_json::from_value(json!({"kafka": {"brokers": "c:3", "topic": "o"}})).unwrap();
+        check_spec(&mut s, &mut sink, false).unwrap();
+        let granted = vec!["a:1".to_owned(), "b:2".to_owned()];
+        assert_eq!(ungranted(&granted, &s, &sink), Some("c:3"));
+        assert_eq!(ungranted(&granted, &s, &SinkSpec::Output), None);
+    }
+
+    #[test]
+    fn passwords_are_redacted() {
+        let mut v = json!({"source": {"kafka": {"options": {"sasl.password": "s3cret", "sasl.username": "u"}}}, "sink": "output"});
+        redact(&mut v);
+        assert_eq!(
+            v["source"]["kafka"]["options"]["sasl.password"],
+            "<redacted>"
+        );
+        assert_eq!(v["source"]["kafka"]["options"]["sasl.username"], "u");
+    }
+}
