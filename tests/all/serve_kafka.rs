@@ -197,7 +197,8 @@ fn serve_kafka_brokers_must_be_granted_and_client_options_allowed() {
 
 /// A tenant's counter pipelines from a topic to a topic and from a topic to the output log
 /// count every record; they keep consuming what arrives later and across stop/start; HTTP
-/// ingest and output-log reads of the Kafka side are refused; revoking the grant stops them.
+/// ingest and output-log reads of the Kafka side are refused; event time comes from the
+/// record timestamps; revoking the grant stops them.
 #[test]
 fn serve_kafka_pipelines_count_a_topic_into_a_topic_and_into_the_output_log() {
     let broker = Broker::start();
@@ -220,8 +221,30 @@ fn serve_kafka_pipelines_count_a_topic_into_a_topic_and_into_the_output_log() {
         json!({"kafka": {"brokers": broker.addr, "topic": "counts", "key": ["key"]}}),
     ));
     let to_log = a.pipeline(counter_spec(&p, &broker, "clicks", json!("output")));
+    // Event time from the record timestamps (the column comes along by itself).
+    let mut spec = counter_spec(&p, &broker, "clicks", json!("output"));
+    spec["time_mode"] = json!("event-time");
+    spec["event_time"] = json!({"column": "timestamp", "watermark_delay_ms": 600_000});
+    spec["source"]["kafka"]["partition_idle_timeout_ms"] = json!(5_000);
+    let event_time = a.pipeline(spec);
     wait_counted(&a, &to_topic, &produced);
     wait_counted(&a, &to_log, &produced);
+    wait_counted(&a, &event_time, &produced);
+    let watermark = a.status(&event_time)["status"]["last_progress"]["next_watermark_ms"]
+        .as_i64()
+        .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    assert!(
+        (now - 700_000..now).contains(&watermark),
+        "the watermark {watermark} should trail the record timestamps by 10 minutes (now {now})"
+    );
+    assert_eq!(
+        a.get("/v1/tenant").ok()["kafka_brokers"],
+        json!([broker.addr])
+    );
 
     // The output log of the second holds the same counts.
     let mut totals: BTreeMap<String, i64> = BTreeMap::new();
@@ -279,9 +302,9 @@ fn serve_kafka_pipelines_count_a_topic_into_a_topic_and_into_the_output_log() {
         .map(|v| v.as_str().unwrap())
         .collect();
     stopped.sort();
-    let mut both = vec![to_topic.as_str(), to_log.as_str()];
-    both.sort();
-    assert_eq!(stopped, both, "{answer}");
+    let mut all = vec![to_topic.as_str(), to_log.as_str(), event_time.as_str()];
+    all.sort();
+    assert_eq!(stopped, all, "{answer}");
     let failure = a.wait_failed(&to_topic);
     assert!(failure.contains(&broker.addr), "{failure}");
     a.post(&format!("/v1/pipelines/{to_topic}/start"), &json!({}))

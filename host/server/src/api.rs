@@ -326,6 +326,7 @@ fn tenant_json(t: &Tenant) -> Value {
         "created_ms": t.created_ms,
         "quotas": t.quotas,
         "tokens": t.tokens.iter().map(|k| json!({"id": k.id, "created_ms": k.created_ms})).collect::<Vec<_>>(),
+        "kafka_brokers": t.kafka_brokers,
     })
 }
 
@@ -601,6 +602,8 @@ async fn whoami(State(app): AppState, TenantId(tenant): TenantId) -> Result<axum
         "id": tenant,
         "name": name,
         "quotas": quotas,
+        // The Kafka brokers its pipelines may use (granted by the admin).
+        "kafka_brokers": app.kafka_grant(&tenant),
         "usage": {
             "processors": processors,
             "pipelines": pipelines,
