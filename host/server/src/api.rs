@@ -922,7 +922,7 @@ fn pipeline_json(record: &PipelineRecord, handle: Option<&PipelineHandle>) -> Va
         let status = h.status();
         v["status"] = json!(status);
         v["rows_acknowledged"] = json!(h.metrics.rows_ingested.load(Ordering::Relaxed));
-        v["rows_processed"] = json!(h.metrics.input_rows.load(Ordering::Relaxed));
+        v["rows_processed"] = json!(h.metrics.input_rows.load(Ordering::Acquire));
     }
     if let Value::Object(o) = &mut v {
         o.remove("tenant");

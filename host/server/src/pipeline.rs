@@ -684,7 +684,6 @@ impl Runner {
     fn record(&self, report: &BatchReport) {
         let c = &report.commit;
         let m = &self.handle.metrics;
-        m.input_rows.fetch_add(c.input_rows, Ordering::Relaxed);
         m.output_rows.fetch_add(c.output_rows, Ordering::Relaxed);
         m.batches.fetch_add(1, Ordering::Relaxed);
         m.observe_batch(c.duration_ms as f64 / 1000.0);
@@ -697,6 +696,9 @@ impl Runner {
             s.state_bytes = state_bytes;
             s.last_progress = Some(c.clone());
         });
+        // Last, and released: whoever sees the batch's rows counted as processed (the API's
+        // `rows_processed`) sees its state and disk bytes and its status too.
+        m.input_rows.fetch_add(c.input_rows, Ordering::Release);
         tracing::debug!(
             pipeline = %self.handle.id,
             batch_id = c.batch_id,
