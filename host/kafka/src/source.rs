@@ -10,11 +10,13 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use rdkafka::ClientContext;
 use rdkafka::Message;
 use rdkafka::TopicPartitionList;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Timestamp;
+use rdkafka::types::RDKafkaErrorCode;
 use serde::{Deserialize, Serialize};
 use statebox_engine::{EngineError, RecordSource, SourceBatch, SourceText};
 
@@ -169,10 +171,27 @@ struct PartitionTime {
 
 type Tp = (String, i32);
 
+/// The source consumer's context. An end-of-partition event that arrives after a batch
+/// unassigned its partitions reaches librdkafka's main queue, which reports it as a client
+/// error; it is not one, and is logged at debug level. Real errors are logged as errors.
+struct SourceContext;
+
+impl ClientContext for SourceContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::PartitionEOF) {
+            tracing::debug!(%reason, "Kafka partition end reached");
+        } else {
+            tracing::error!(%error, %reason, "librdkafka");
+        }
+    }
+}
+
+impl ConsumerContext for SourceContext {}
+
 /// Reads Kafka topics for the engine. See the module docs.
 pub struct KafkaSource {
     opts: SourceOptions,
-    consumer: BaseConsumer,
+    consumer: BaseConsumer<SourceContext>,
     /// The next offset of each known partition: committed, or where a new query starts.
     next: BTreeMap<Tp, i64>,
     /// Where a bounded run stops.
@@ -198,7 +217,7 @@ impl KafkaSource {
     /// A source over `opts.url`'s topics. Connects lazily: nothing is asked of the brokers
     /// until the query opens.
     pub fn new(opts: SourceOptions) -> Result<KafkaSource, EngineError> {
-        let consumer: BaseConsumer = client_config(
+        let consumer: BaseConsumer<SourceContext> = client_config(
             &opts.url.brokers,
             &[
                 // Offsets live in the checkpoint: no group, no commits, and a planned
@@ -212,7 +231,7 @@ impl KafkaSource {
             ],
             &opts.client_options,
         )
-        .create()
+        .create_with_context(SourceContext)
         .map_err(|e| io("cannot create the Kafka consumer", e))?;
         Ok(KafkaSource {
             opts,
