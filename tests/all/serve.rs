@@ -30,6 +30,11 @@ pub(crate) struct Server {
 impl Server {
     /// Starts the server on `data` with extra arguments and waits until it listens.
     pub(crate) fn start(data: &Path, extra: &[&str]) -> Server {
+        Server::start_with_env(data, extra, &[])
+    }
+
+    /// [`Server::start`] with extra environment variables (e.g. the engine's crash points).
+    pub(crate) fn start_with_env(data: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
         std::fs::create_dir_all(data).unwrap();
         let log = data.with_extension("log");
         let stderr = std::fs::OpenOptions::new()
@@ -46,6 +51,7 @@ impl Server {
             .env("STATEBOX_ADMIN_TOKEN", ADMIN)
             .env("STATEBOX_CACHE_DIR", component_cache())
             .env("STATEBOX_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr)
