@@ -33,7 +33,8 @@ while IFS= read -r line; do
         "$tansu" cat produce locations --partition "$p" --broker "tcp://127.0.0.1:$port"
 done < <(cat plugins/scd1/sample/*.jsonl)
 
-cargo run --release -q -p statebox -- run --processor plugins/scd1 --key user \
+# $STATEBOX_BIN (the tests set it) or a build of this checkout.
+${STATEBOX_BIN:-cargo run --release -q -p statebox --} run --processor plugins/scd1 --key user \
     --input "kafka://127.0.0.1:$port/locations" \
     --output "kafka://127.0.0.1:$port/latest-locations" \
     --checkpoint "$work/checkpoint"

@@ -513,3 +513,37 @@ fn kafka_event_time_watermark_is_the_minimum_over_partitions_until_one_is_idle()
     let (out, stderr) = run();
     assert_eq!(out, users("a0 a1 b0 b1 a9 b9"), "{stderr}");
 }
+
+/// The README's second example, `plugins/scd1/kafka-demo.sh`, runs as written and prints
+/// each user's latest location from the output topic.
+#[test]
+fn the_readme_kafka_demo_runs() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = std::process::Command::new(root.join("plugins/scd1/kafka-demo.sh"))
+        .env("PORT", port.to_string())
+        .env("STATEBOX_BIN", statebox_tests::statebox_bin())
+        .output()
+        .expect("run kafka-demo.sh");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let mut latest: Vec<Value> = stdout
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).expect("a JSON row"))
+        .collect();
+    latest.sort_by_key(|r| r["user"].as_str().unwrap_or_default().to_owned());
+    assert_eq!(
+        latest,
+        vec![
+            json!({"user": "u1", "time": 9, "location": "Berlin"}),
+            json!({"user": "u2", "time": 5, "location": "London"}),
+            json!({"user": "u3", "time": 7, "location": "Tokyo"}),
+        ],
+        "{stdout}\n{stderr}"
+    );
+}
