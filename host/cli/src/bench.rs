@@ -68,6 +68,11 @@ pub(crate) struct KafkaArgs {
     /// A librdkafka client setting; repeat for more.
     #[arg(long = "kafka-option", value_name = "KEY=VALUE", value_parser = parse_kafka_option)]
     kafka_options: Vec<(String, String)>,
+    /// A librdkafka setting of the benchmark's own event producer only (not of Statebox's
+    /// clients); repeat for more. On tansu 0.6, `batch.num.messages=1`: after a batch of
+    /// several records its end offsets are short, and the run would stop early.
+    #[arg(long = "producer-option", value_name = "KEY=VALUE", value_parser = parse_kafka_option)]
+    producer_options: Vec<(String, String)>,
     /// The counter component (default: build plugins/counter).
     #[arg(long)]
     processor: Option<PathBuf>,
@@ -710,7 +715,12 @@ fn kafka(args: KafkaArgs) -> anyhow::Result<()> {
     for t in [&in_topic, &out_topic] {
         statebox_kafka::create_topic(&args.brokers, opts, t, args.topic_partitions)?;
     }
-    let producer = RowProducer::new(&args.brokers, opts)?;
+    let producer_opts: Vec<(String, String)> = opts
+        .iter()
+        .chain(&args.producer_options)
+        .cloned()
+        .collect();
+    let producer = RowProducer::new(&args.brokers, &producer_opts)?;
     let started = Instant::now();
     let text = std::fs::read_to_string(input.join("part-00000.jsonl"))?;
     for line in text.lines() {
