@@ -399,10 +399,16 @@ fn copy_tree(from: &Path, to: &Path) {
 
 /// `statebox run JOB [extra...]` in `dir`.
 fn run_job(dir: &Path, job: &Path, extra: &[&str]) -> Output {
+    run_job_with(dir, job, extra, &[])
+}
+
+/// `statebox run JOB [extra...]` in `dir`, with `env` set.
+fn run_job_with(dir: &Path, job: &Path, extra: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(statebox_bin())
         .arg("run")
         .arg(job)
         .args(extra)
+        .envs(env.iter().copied())
         .current_dir(dir)
         .env("STATEBOX_CACHE_DIR", component_cache())
         .env_remove("STATEBOX_LOG")
@@ -411,8 +417,10 @@ fn run_job(dir: &Path, job: &Path, extra: &[&str]) -> Output {
         .expect("spawn statebox")
 }
 
-/// The count job (`job/job.py`) with `edits` applied, written to `dir/job.py` beside a
-/// copy of the count fixture's input.
+/// The count job (`job/job.py`) with `edits` applied, and a copy of the count fixture's
+/// input in `dir` (the job's relative paths are the working directory's). The script is
+/// written to a path named by its content, beside the component cache, so an unchanged
+/// variant's build is found in the cache (the build hashes the script's path too).
 fn count_job_variant(dir: &Path, edits: &[(&str, &str)]) -> PathBuf {
     let mut source = std::fs::read_to_string(fixtures().join("job/job.py")).expect("job.py");
     for (from, to) in edits {
@@ -420,8 +428,24 @@ fn count_job_variant(dir: &Path, edits: &[(&str, &str)]) -> PathBuf {
         source = source.replace(from, to);
     }
     copy_tree(&fixtures().join("count/input"), &dir.join("input"));
-    let job = dir.join("job.py");
-    std::fs::write(&job, source).expect("write job.py");
+    job_file(&source)
+}
+
+/// `source` written to a file named by its content, beside the component cache.
+fn job_file(source: &str) -> PathBuf {
+    use std::hash::{Hash, Hasher};
+
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    source.hash(&mut hasher);
+    let dir = component_cache().with_file_name("pyspark-job-variants");
+    std::fs::create_dir_all(&dir).expect("create the job variants folder");
+    let job = dir.join(format!("job-{:016x}.py", hasher.finish()));
+    if !job.is_file() {
+        // Written whole under a temporary name, so a concurrent reader never sees a part.
+        let partial = tempfile::NamedTempFile::new_in(&dir).expect("a temporary file");
+        std::fs::write(partial.path(), source).expect("write the job");
+        partial.persist(&job).expect("store the job");
+    }
     job
 }
 
@@ -537,15 +561,16 @@ fn a_job_with_the_memory_sink_keeps_its_rows_beside_the_checkpoint() {
 }
 
 /// `spark.readStream.format("kafka")` as Spark's Kafka integration guide writes it (the
-/// value parsed with `from_json`, the record timestamp kept for the watermark) becomes
-/// exactly the Kafka flags of `statebox run`, and the plan is a command line the CLI takes.
-/// An option Statebox does not read stops the job with the file and line, before any
-/// build.
+/// value parsed with `from_json`, the record timestamp kept for the watermark, the brokers
+/// from the environment) becomes exactly the Kafka flags of `statebox run`, and the plan is
+/// a command line the CLI takes; the job then runs against a real broker (tansu) and
+/// counts the records. An option Statebox does not read stops the job with the file and
+/// line, before any build.
 #[test]
-fn a_kafka_source_maps_to_the_clis_kafka_flags() {
+fn a_kafka_job_maps_to_the_clis_kafka_flags_and_runs_against_a_broker() {
     let work = tempfile::tempdir().expect("create a temporary directory");
     let kafka_source = "spark.readStream.format(\"kafka\")\n    \
-        .option(\"kafka.bootstrap.servers\", \"127.0.0.1:9092,127.0.0.1:9093\")\n    \
+        .option(\"kafka.bootstrap.servers\", os.environ.get(\"KAFKA_SERVERS\", \"localhost:9092\"))\n    \
         .option(\"subscribe\", \"events\")\n    \
         .option(\"startingOffsets\", \"earliest\")\n    \
         .option(\"maxOffsetsPerTrigger\", 500)\n    \
@@ -558,6 +583,10 @@ fn a_kafka_source_maps_to_the_clis_kafka_flags() {
         work.path(),
         &[
             (
+                "from typing import Iterator\n",
+                "import os\nfrom typing import Iterator\n",
+            ),
+            (
                 "from pyspark.sql import Row, SparkSession\n",
                 "from pyspark.sql import Row, SparkSession\nfrom pyspark.sql.functions import col, from_json\n",
             ),
@@ -568,7 +597,8 @@ fn a_kafka_source_maps_to_the_clis_kafka_flags() {
             ("timeMode=\"None\"", "timeMode=\"EventTime\""),
         ],
     );
-    let plan = run_job(work.path(), &job, &["--print-plan"]);
+    let servers = [("KAFKA_SERVERS", "127.0.0.1:9092,127.0.0.1:9093")];
+    let plan = run_job_with(work.path(), &job, &["--print-plan"], &servers);
     assert!(plan.status.success(), "{}", text(&plan));
     let plan = String::from_utf8_lossy(&plan.stdout).into_owned();
     for part in [
@@ -583,19 +613,57 @@ fn a_kafka_source_maps_to_the_clis_kafka_flags() {
     }
     assert!(!plan.contains("--max-files-per-batch"), "{plan}");
 
+    // The same job against a broker: the count input's rows as records, one batch.
+    let broker = statebox_tests::kafka::Broker::start();
+    broker.create_topic("events", 1);
+    let mut records = Vec::new();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(work.path().join("input"))
+        .expect("input")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    files.sort();
+    for file in files {
+        let text = std::fs::read_to_string(file).expect("input");
+        for row in parse_jsonl(text.as_bytes()) {
+            records.push((row["id"].as_str().expect("an id").to_owned(), row));
+        }
+    }
+    broker.produce("events", &records);
+    let run = run_job_with(
+        work.path(),
+        &job,
+        &["--progress-json"],
+        &[("KAFKA_SERVERS", broker.addr.as_str())],
+    );
+    assert!(run.status.success(), "{}", text(&run));
+    let mut last = BTreeMap::new();
+    for row in parse_jsonl(
+        &std::fs::read(work.path().join("output/part-00000-statebox.json")).unwrap_or_default(),
+    ) {
+        last.insert(
+            row["id"].as_str().expect("an id").to_owned(),
+            row["count"].clone(),
+        );
+    }
+    let want: BTreeMap<String, Value> = [("a", 3), ("b", 3), ("c", 2)]
+        .into_iter()
+        .map(|(k, n)| (k.to_owned(), Value::from(n)))
+        .collect();
+    assert_eq!(last, want, "{}", text(&run));
+
     // subscribePattern: refused with the line of the source, before the build.
     let source = std::fs::read_to_string(&job).expect("read job.py");
     let bad = source.replace(
         ".option(\"subscribe\", \"events\")",
         ".option(\"subscribePattern\", \"events-.*\")",
     );
-    std::fs::write(&job, &bad).expect("write job.py");
+    let job = job_file(&bad);
     let line = bad
         .lines()
         .position(|l| l.contains(".load()"))
         .expect("the load line")
         + 1;
-    let refused = run_job(work.path(), &job, &["--print-plan"]);
+    let refused = run_job_with(work.path(), &job, &["--print-plan"], &servers);
     assert!(!refused.status.success(), "{}", text(&refused));
     let at = format!(
         "{}:{line}: Kafka option subscribePattern is not supported",
