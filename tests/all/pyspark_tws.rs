@@ -37,7 +37,7 @@ fn run_suite(host: bool) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("\nOK"), "{report}");
     // Every test ran: none skipped.
-    assert!(stderr.contains("Ran 17 tests"), "{report}");
+    assert!(stderr.contains("Ran 19 tests"), "{report}");
     assert!(!stderr.contains("skipped"), "{report}");
 }
 

@@ -274,6 +274,29 @@ class TwsTesterTests(unittest.TestCase):
         with self.assertRaisesRegex(Exception, "must move forward"):
             tester.setWatermark(20000)
 
+    def test_empty_input(self):
+        tester = self.make(RunningCount())
+        if HOST:
+            # The engine never calls handleInputRows without rows: an empty call is a batch
+            # without data, as in production.
+            self.assertEqual(tester.test("key1", []), [])
+            self.assertIsNone(tester.peekValueState("count", "key1"))
+        else:
+            # Spark's tester calls the handler with no rows.
+            self.assertEqual(tester.test("key1", []), [Row(key="key1", count=0)])
+
+    def test_none_values_and_unusual_keys(self):
+        tester = self.make(RunningCount())
+        self.assertEqual(
+            tester.test("key1", [Row(value=None), Row(value="a")]), [Row(key="key1", count=2)]
+        )
+        self.assertEqual(
+            tester.test("key@#$%é", [Row(value="a"), Row(value="b")]),
+            [Row(key="key@#$%é", count=2)],
+        )
+        self.assertEqual(tester.test(None, [Row(value="a")]), [Row(key=None, count=1)])
+        self.assertEqual(tester.peekValueState("count", "key@#$%é"), (2,))
+
     def test_timers_are_refused_in_time_mode_none(self):
         tester = self.make(SessionTimeout())
         with self.assertRaises(Exception) as err:
