@@ -234,9 +234,7 @@ pub(crate) fn build(source: &Path, options: &PythonOptions) -> anyhow::Result<Pa
         hash.field(path.as_bytes());
         hash.field(&bytes);
     }
-    let cache = crate::cache_dir()
-        .unwrap_or_else(std::env::temp_dir)
-        .join("python");
+    let cache = crate::plugin::user_cache_dir("python")?;
     let wasm = cache.join(format!("{stem}-{:032x}.wasm", hash.0));
     if wasm.is_file() {
         return Ok(wasm);
