@@ -320,6 +320,7 @@ impl BatchSink for KafkaSink {
         let producer = self.producer.as_ref().expect("checked above");
         if self.opts.delivery == Delivery::AtLeastOnce {
             self.send(producer, batch_id, &id, rows)?;
+            drain(producer)?;
             return producer
                 .flush(BROKER_TIMEOUT)
                 .map_err(|e| io(format!("cannot deliver batch {batch_id} to Kafka"), e));
@@ -349,6 +350,7 @@ impl BatchSink for KafkaSink {
         }
         // From here until the commit returns, Kafka may or may not have the batch.
         self.in_doubt = Some(batch_id);
+        drain(producer)?;
         producer
             .commit_transaction(BROKER_TIMEOUT)
             .map_err(|e| io(format!("cannot commit batch {batch_id} to Kafka"), e))?;
@@ -360,4 +362,23 @@ impl BatchSink for KafkaSink {
     fn may_have_delivered(&self, batch_id: u64) -> bool {
         self.in_doubt == Some(batch_id) || self.last_delivered.is_some_and(|l| l >= batch_id)
     }
+}
+
+/// Waits until every record sent is acknowledged (the producer's own thread serves the
+/// delivery reports), in steps of a millisecond. rdkafka's `flush` (which `commit_transaction`
+/// calls first) polls in steps of a whole 100 ms when anything is outstanding, which cost
+/// every batch 100 ms; after this wait it finds nothing outstanding and returns at once.
+fn drain(producer: &ThreadedProducer<DefaultProducerContext>) -> Result<(), EngineError> {
+    let deadline = std::time::Instant::now() + BROKER_TIMEOUT;
+    while producer.in_flight_count() > 0 {
+        if std::time::Instant::now() >= deadline {
+            return Err(EngineError::Io(format!(
+                "Kafka did not acknowledge {} records within {}s",
+                producer.in_flight_count(),
+                BROKER_TIMEOUT.as_secs()
+            )));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    Ok(())
 }
