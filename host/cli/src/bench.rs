@@ -715,11 +715,8 @@ fn kafka(args: KafkaArgs) -> anyhow::Result<()> {
     for t in [&in_topic, &out_topic] {
         statebox_kafka::create_topic(&args.brokers, opts, t, args.topic_partitions)?;
     }
-    let producer_opts: Vec<(String, String)> = opts
-        .iter()
-        .chain(&args.producer_options)
-        .cloned()
-        .collect();
+    let producer_opts: Vec<(String, String)> =
+        opts.iter().chain(&args.producer_options).cloned().collect();
     let producer = RowProducer::new(&args.brokers, &producer_opts)?;
     let started = Instant::now();
     let text = std::fs::read_to_string(input.join("part-00000.jsonl"))?;

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use statebox_engine::{
-    BatchReport, CommitRecord, EngineError, Endpoints, Query, QueryOptions, TimeMode,
+    BatchReport, CommitRecord, Endpoints, EngineError, Query, QueryOptions, TimeMode,
 };
 use statebox_schema::RowScanner;
 

@@ -295,7 +295,10 @@ mod tests {
             .unwrap();
         }
         let start = r.start();
-        assert!(start > 0 && start.is_multiple_of(row.len() as u64), "{start}");
+        assert!(
+            start > 0 && start.is_multiple_of(row.len() as u64),
+            "{start}"
+        );
         assert_eq!(published.last(), Some(&start));
         // Blocks before `start` are freed; the length and the kept rows are intact.
         use std::os::unix::fs::MetadataExt;
