@@ -547,3 +547,43 @@ fn the_readme_kafka_demo_runs() {
         "{stdout}\n{stderr}"
     );
 }
+
+/// `--output-delivery at-least-once`: no transactions (records carry no transactional
+/// marker), every row delivered, the counts those of the input.
+#[test]
+fn at_least_once_delivery_sends_every_row_without_transactions() {
+    let broker = Broker::start();
+    broker.create_topic("clicks", 2);
+    broker.create_topic("counts", 2);
+    let rows = user_rows(3_000, 100, &mut Rng::new(11));
+    broker.produce("clicks", &rows);
+    let mut produced: BTreeMap<String, i64> = BTreeMap::new();
+    for (user, _) in &rows {
+        *produced.entry(user.clone()).or_default() += 1;
+    }
+    let s = Scratch::new();
+    kafka_run(
+        guests::COUNTER,
+        &s.checkpoint(),
+        &broker.url("clicks"),
+        &broker.url("counts"),
+    )
+    .args(["--output-key", "key", "--output-delivery", "at-least-once"])
+    .args(["--max-records-per-batch", "1000"])
+    .run()
+    .expect_ok();
+    for p in 0..2 {
+        let log = broker.raw_log("counts", p);
+        assert!(
+            log.iter().all(|b| !b.transactional && b.marker.is_none()),
+            "at-least-once output must not use transactions: {log:?}"
+        );
+    }
+    let mut totals: BTreeMap<String, i64> = BTreeMap::new();
+    for r in broker.read_all("counts", "read_committed") {
+        *totals
+            .entry(r.value["key"].as_str().expect("a key").to_owned())
+            .or_default() += r.value["count"].as_i64().expect("a count");
+    }
+    assert_eq!(totals, produced);
+}
