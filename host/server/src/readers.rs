@@ -1,7 +1,7 @@
 //! State queries share a few open checkpoint readers instead of opening one per request:
-//! each reader is a read-only RocksDB instance with its own block cache, so a burst of
-//! queries would otherwise open as many instances (memory, file descriptors, threads) as it
-//! has requests. At most [`MAX_READERS`] stay open (least recently used out first), a reader
+//! each reader is a read-only RocksDB instance (all of them share one block cache, see
+//! `statebox_state`), so a burst of queries would otherwise open as many instances (file
+//! descriptors, threads, table readers) as it has requests. At most [`MAX_READERS`] stay open (least recently used out first), a reader
 //! serves every query of its pipeline until the pipeline commits another batch, and at
 //! most [`MAX_READING`] queries read at once (more wait their turn).
 

@@ -42,7 +42,11 @@ impl RocksEngine {
     }
 
     fn open_mode(path: &Path, read_only: bool) -> Result<Self> {
-        let cache = Cache::new_lru_cache(BLOCK_CACHE_BYTES).map_err(storage)?;
+        let cache = if read_only {
+            shared_read_cache()?
+        } else {
+            Cache::new_lru_cache(BLOCK_CACHE_BYTES).map_err(storage)?
+        };
         let mut table = BlockBasedOptions::default();
         table.set_block_cache(&cache);
         // A full (not block-based) filter: one probe per point read.
@@ -90,6 +94,18 @@ impl RocksEngine {
             write_opts,
         })
     }
+}
+
+/// The one block cache of every read-only database of the process (`statebox state`,
+/// `statebox sql`, the server's state queries): readers open at the same time share its
+/// [`BLOCK_CACHE_BYTES`] instead of each bringing a cache of its own.
+fn shared_read_cache() -> Result<Cache> {
+    static CACHE: std::sync::Mutex<Option<Cache>> = std::sync::Mutex::new(None);
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    if cache.is_none() {
+        *cache = Some(Cache::new_lru_cache(BLOCK_CACHE_BYTES).map_err(storage)?);
+    }
+    Ok(cache.clone().expect("set above"))
 }
 
 thread_local! {
