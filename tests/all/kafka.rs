@@ -21,7 +21,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use statebox_engine::StateReader;
-use statebox_tests::kafka::{Broker, assert_counted_exactly_once, counts_in_state, produce_with};
+use statebox_tests::kafka::{
+    Broker, assert_counted_exactly_once, counted_per_key, counts_in_state, produce_with,
+    rows_per_key,
+};
 use statebox_tests::{Rng, Scratch, StateboxRun, guests, parse_jsonl};
 
 /// Rows for scd1 and counter: `{"user", "time", "location"}`, keyed by user.
@@ -91,10 +94,7 @@ fn kafka_to_kafka_gives_the_rows_of_the_same_input_from_files() {
     let files = Scratch::new();
     let values: Vec<Value> = rows.iter().map(|(_, v)| v.clone()).collect();
     files.write_rows("events.jsonl", &values);
-    let mut produced: BTreeMap<String, i64> = BTreeMap::new();
-    for (user, _) in &rows {
-        *produced.entry(user.clone()).or_default() += 1;
-    }
+    let produced = rows_per_key(&rows);
 
     for (processor, out_topic, extra) in [
         (guests::COUNTER, "counter-out", vec!["--output-key", "key"]),
@@ -155,13 +155,8 @@ fn kafka_to_kafka_gives_the_rows_of_the_same_input_from_files() {
     .expect_ok();
     let batches = stderr.lines().filter(|l| l.starts_with("batch ")).count();
     assert!(batches >= 12, "expected at least 12 batches:\n{stderr}");
-    let mut totals: BTreeMap<String, i64> = BTreeMap::new();
-    for r in broker.read_all("counter-batches-out", "read_committed") {
-        *totals
-            .entry(r.value["key"].as_str().unwrap().to_owned())
-            .or_default() += r.value["count"].as_i64().unwrap();
-    }
-    assert_eq!(totals, produced);
+    let out = broker.read_all("counter-batches-out", "read_committed");
+    assert_eq!(counted_per_key(&out), produced);
     assert_eq!(counts_in_state(&ck.checkpoint()), produced);
 
     // A second available-now run finds nothing new and delivers nothing again.
@@ -345,10 +340,7 @@ fn a_crash_between_the_kafka_commit_and_the_checkpoint_commit_sends_nothing_twic
     broker.create_topic("counts", 2);
     let rows = user_rows(6_000, 300, &mut Rng::new(5));
     broker.produce("clicks", &rows);
-    let mut produced: BTreeMap<String, i64> = BTreeMap::new();
-    for (user, _) in &rows {
-        *produced.entry(user.clone()).or_default() += 1;
-    }
+    let produced = rows_per_key(&rows);
     let s = Scratch::new();
     let run = || {
         kafka_run(
@@ -557,10 +549,7 @@ fn at_least_once_delivery_sends_every_row_without_transactions() {
     broker.create_topic("counts", 2);
     let rows = user_rows(3_000, 100, &mut Rng::new(11));
     broker.produce("clicks", &rows);
-    let mut produced: BTreeMap<String, i64> = BTreeMap::new();
-    for (user, _) in &rows {
-        *produced.entry(user.clone()).or_default() += 1;
-    }
+    let produced = rows_per_key(&rows);
     let s = Scratch::new();
     kafka_run(
         guests::COUNTER,
@@ -579,11 +568,6 @@ fn at_least_once_delivery_sends_every_row_without_transactions() {
             "at-least-once output must not use transactions: {log:?}"
         );
     }
-    let mut totals: BTreeMap<String, i64> = BTreeMap::new();
-    for r in broker.read_all("counts", "read_committed") {
-        *totals
-            .entry(r.value["key"].as_str().expect("a key").to_owned())
-            .or_default() += r.value["count"].as_i64().expect("a count");
-    }
-    assert_eq!(totals, produced);
+    let out = broker.read_all("counts", "read_committed");
+    assert_eq!(counted_per_key(&out), produced);
 }

@@ -585,12 +585,7 @@ pub fn assert_counted_exactly_once(
             "batch {batch}: {rows} rows committed in the checkpoint, none in Kafka"
         );
     }
-    let mut totals: BTreeMap<String, i64> = BTreeMap::new();
-    for r in &kept {
-        *totals
-            .entry(r.value["key"].as_str().unwrap().to_owned())
-            .or_default() += r.value["count"].as_i64().unwrap();
-    }
+    let totals = counted_per_key(kept.iter().copied());
     assert_eq!(&totals, produced, "output totals differ from the input");
     assert_eq!(
         &counts_in_state(checkpoint),
@@ -598,4 +593,27 @@ pub fn assert_counted_exactly_once(
         "state differs from the input"
     );
     (commits.len(), kept.len(), aborted)
+}
+
+/// Per key, the sum of the `count`s of a counter's output records (`{"key", "count"}`).
+pub fn counted_per_key<'a>(records: impl IntoIterator<Item = &'a Record>) -> BTreeMap<String, i64> {
+    let mut totals: BTreeMap<String, i64> = BTreeMap::new();
+    for r in records {
+        let key = r.value["key"].as_str();
+        let count = r.value["count"].as_i64();
+        let (Some(key), Some(count)) = (key, count) else {
+            panic!("not a counter row: {}", r.value);
+        };
+        *totals.entry(key.to_owned()).or_default() += count;
+    }
+    totals
+}
+
+/// Per key, how many keyed rows there are (what a counter should count).
+pub fn rows_per_key(rows: &[(String, serde_json::Value)]) -> BTreeMap<String, i64> {
+    let mut out: BTreeMap<String, i64> = BTreeMap::new();
+    for (key, _) in rows {
+        *out.entry(key.clone()).or_default() += 1;
+    }
+    out
 }
