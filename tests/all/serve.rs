@@ -35,6 +35,17 @@ impl Server {
 
     /// [`Server::start`] with extra environment variables (e.g. the engine's crash points).
     pub(crate) fn start_with_env(data: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
+        Server::start_within(data, extra, env, Duration::from_secs(120))
+    }
+
+    /// Starts the server and waits at most `limit` for it to listen; panics (killing it,
+    /// with its log) if it does not.
+    pub(crate) fn start_within(
+        data: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        limit: Duration,
+    ) -> Server {
         std::fs::create_dir_all(data).unwrap();
         let log = data.with_extension("log");
         let stderr = std::fs::OpenOptions::new()
@@ -57,13 +68,21 @@ impl Server {
             .stderr(stderr)
             .spawn()
             .expect("spawn statebox serve");
-        let mut line = String::new();
-        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-        stdout.read_line(&mut line).unwrap();
+        // The first line names the address; read on a thread so that a server that never
+        // listens fails the test after `limit` instead of hanging it.
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = std::io::BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx.recv_timeout(limit).unwrap_or_default();
         let Some(addr) = line.trim().strip_prefix("statebox serve listening on ") else {
             let _ = child.kill();
+            let _ = child.wait();
             panic!(
-                "the server did not start: {line}\n{}",
+                "the server did not listen within {limit:?}: {line}\n{}",
                 std::fs::read_to_string(&log).unwrap_or_default()
             );
         };

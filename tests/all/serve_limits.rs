@@ -6,11 +6,10 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use statebox_tests::{Scratch, component_cache, guests, statebox_bin, wait_for};
+use statebox_tests::{Scratch, guests, wait_for};
 
 use crate::serve::{ADMIN, Api, Server, data_dir, request, tenant, try_request};
 
@@ -33,59 +32,6 @@ fn hostile(mode: &str) -> Vec<u8> {
     patched.resize(48, b'.');
     wasm[at[0]..at[0] + 48].copy_from_slice(&patched);
     wasm
-}
-
-/// Starts `statebox serve` and waits at most `limit` for it to listen; panics (killing it)
-/// if it does not.
-fn start_within(data: &Path, extra: &[&str], limit: Duration) -> Server {
-    std::fs::create_dir_all(data).unwrap();
-    let log = data.with_extension("log");
-    let stderr = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log)
-        .unwrap();
-    let mut child = Command::new(statebox_bin())
-        .arg("serve")
-        .arg("--data-dir")
-        .arg(data)
-        .args(["--listen", "127.0.0.1:0"])
-        .args(extra)
-        .env("STATEBOX_ADMIN_TOKEN", ADMIN)
-        .env("STATEBOX_CACHE_DIR", component_cache())
-        .env("STATEBOX_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(stderr)
-        .spawn()
-        .expect("spawn statebox serve");
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line);
-        let _ = tx.send(line);
-    });
-    let line = match rx.recv_timeout(limit) {
-        Ok(line) => line,
-        Err(_) => {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "the server did not listen within {limit:?}:\n{}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
-        }
-    };
-    let Some(addr) = line.trim().strip_prefix("statebox serve listening on ") else {
-        let _ = child.kill();
-        panic!("the server did not start: {line}");
-    };
-    Server {
-        child: Some(child),
-        base: addr.to_owned(),
-        log,
-    }
 }
 
 /// Runs `f` and returns its result with how long it took.
@@ -255,7 +201,7 @@ fn guests_that_never_return_hold_up_no_other_tenant_stop_or_restart() {
     drop(spinning_upload);
 
     // A restart answers requests while the stuck pipeline resumes in the background.
-    let server = start_within(&data, &flags, Duration::from_secs(60));
+    let server = Server::start_within(&data, &flags, &[], Duration::from_secs(60));
     let bad = Api {
         server: &server,
         token: bad_token,
