@@ -1325,7 +1325,7 @@ async fn read_output(
     let Query(q) = query?;
     let handle = handle(&app, &tenant, &id)?;
     app.refuse_output_if_kafka(&id)?;
-    let committed = handle.status().committed_output_bytes;
+    let mut committed = handle.status().committed_output_bytes;
     let limit = q.limit.unwrap_or(1000).clamp(1, MAX_PAGE_ROWS);
     if q.after > committed {
         return Err(ApiError::bad_request(format!(
@@ -1335,67 +1335,76 @@ async fn read_output(
         )));
     }
     // 0 is the oldest row kept; rows before it were dropped by the output's retention.
-    let start = handle.output_start.load(Ordering::Acquire);
-    let after = if q.after == 0 { start } else { q.after };
+    let mut start = handle.output_start.load(Ordering::Acquire);
+    let mut after = if q.after == 0 { start } else { q.after };
     if after < start {
         return Err(output_dropped("after", after, start));
     }
-    let path = PipelineHandle::output_path(&handle.dir);
-    let page = blocking(move || -> Result<(String, u64, usize)> {
-        use std::io::{BufRead, Read, Seek, SeekFrom};
-        let io = |e: std::io::Error| ApiError::internal(format!("cannot read the output: {e}"));
-        if after == committed {
-            return Ok(("[]".to_owned(), after, 0));
-        }
-        let mut f = std::fs::File::open(&path).map_err(io)?;
-        if after > 0 {
-            let mut prev = [0u8; 1];
-            f.seek(SeekFrom::Start(after - 1)).map_err(io)?;
-            f.read_exact(&mut prev).map_err(io)?;
-            if prev[0] != b'\n' {
-                return Err(ApiError::bad_request(format!(
-                    "`after` {after} is not at the start of a row; pass 0 or a `next` offset \
+    let page = loop {
+        let path = PipelineHandle::output_path(&handle.dir);
+        let page = blocking(move || -> Result<(String, u64, usize)> {
+            use std::io::{BufRead, Read, Seek, SeekFrom};
+            let io = |e: std::io::Error| ApiError::internal(format!("cannot read the output: {e}"));
+            if after == committed {
+                return Ok(("[]".to_owned(), after, 0));
+            }
+            let mut f = std::fs::File::open(&path).map_err(io)?;
+            if after > 0 {
+                let mut prev = [0u8; 1];
+                f.seek(SeekFrom::Start(after - 1)).map_err(io)?;
+                f.read_exact(&mut prev).map_err(io)?;
+                if prev[0] != b'\n' {
+                    return Err(ApiError::bad_request(format!(
+                        "`after` {after} is not at the start of a row; pass 0 or a `next` offset \
                      from an earlier page"
-                )));
+                    )));
+                }
             }
+            f.seek(SeekFrom::Start(after)).map_err(io)?;
+            // Row by row, up to `limit` rows or MAX_PAGE_BYTES (at least one row, however
+            // long): a page never reads more than itself and one row.
+            let mut reader = std::io::BufReader::with_capacity(64 << 10, f.take(committed - after));
+            let mut body = String::from("[");
+            let mut next = after;
+            let mut rows = 0;
+            let mut taken = 0u64;
+            let mut line = Vec::new();
+            while rows < limit && taken < MAX_PAGE_BYTES {
+                line.clear();
+                let n = reader.read_until(b'\n', &mut line).map_err(io)? as u64;
+                if n == 0 || line.last() != Some(&b'\n') {
+                    break;
+                }
+                if rows > 0 && taken + n > MAX_PAGE_BYTES {
+                    break;
+                }
+                let text = std::str::from_utf8(&line[..line.len() - 1])
+                    .map_err(|e| ApiError::internal(format!("the output is not UTF-8: {e}")))?;
+                if rows > 0 {
+                    body.push(',');
+                }
+                body.push_str(text);
+                rows += 1;
+                taken += n;
+                next += n;
+            }
+            body.push(']');
+            Ok((body, next, rows))
+        })
+        .await??;
+        // Dropped while it was read: what was read may be the zeros of freed blocks. A read
+        // from the oldest row (`after` 0) reads again from the new oldest row.
+        let start_now = handle.output_start.load(Ordering::Acquire);
+        if after >= start_now {
+            break page;
         }
-        f.seek(SeekFrom::Start(after)).map_err(io)?;
-        // Row by row, up to `limit` rows or MAX_PAGE_BYTES (at least one row, however
-        // long): a page never reads more than itself and one row.
-        let mut reader = std::io::BufReader::with_capacity(64 << 10, f.take(committed - after));
-        let mut body = String::from("[");
-        let mut next = after;
-        let mut rows = 0;
-        let mut taken = 0u64;
-        let mut line = Vec::new();
-        while rows < limit && taken < MAX_PAGE_BYTES {
-            line.clear();
-            let n = reader.read_until(b'\n', &mut line).map_err(io)? as u64;
-            if n == 0 || line.last() != Some(&b'\n') {
-                break;
-            }
-            if rows > 0 && taken + n > MAX_PAGE_BYTES {
-                break;
-            }
-            let text = std::str::from_utf8(&line[..line.len() - 1])
-                .map_err(|e| ApiError::internal(format!("the output is not UTF-8: {e}")))?;
-            if rows > 0 {
-                body.push(',');
-            }
-            body.push_str(text);
-            rows += 1;
-            taken += n;
-            next += n;
+        if q.after != 0 {
+            return Err(output_dropped("after", after, start_now));
         }
-        body.push(']');
-        Ok((body, next, rows))
-    })
-    .await??;
-    // Dropped while it was read: what was read may be the zeros of freed blocks.
-    let start_now = handle.output_start.load(Ordering::Acquire);
-    if after < start_now {
-        return Err(output_dropped("after", after, start_now));
-    }
+        // The new oldest row is committed, and may lie past the committed offset seen first.
+        committed = handle.status().committed_output_bytes;
+        (start, after) = (start_now, start_now);
+    };
     let (rows_json, next, count) = page;
     let body = format!(
         "{{\"rows\":{rows_json},\"count\":{count},\"next\":{next},\"committed\":{committed},\"start\":{start},\"end\":{}}}",
