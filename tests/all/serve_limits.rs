@@ -306,27 +306,39 @@ fn one_caller_cannot_take_every_request_slot() {
     let a = tenant(&server, "a", json!({}));
     let b = tenant(&server, "b", json!({}));
     let addr = server.base.trim_start_matches("http://").to_owned();
-    // Two of a's requests whose bodies never finish take a's two slots.
-    let stalled: Vec<TcpStream> = (0..2)
-        .map(|_| {
-            let mut s = TcpStream::connect(&addr).unwrap();
-            write!(
-                s,
-                "POST /v1/processors HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\
-                 Content-Length: 1000\r\n\r\n\0asm",
-                a.token
-            )
-            .unwrap();
-            s
-        })
-        .collect();
+    // Two of a's requests whose bodies never finish take a's two slots. A probe can take a
+    // slot before the second of them arrives, which is then refused: such a request is
+    // answered at once, and is sent again until both hold their slots.
+    let stall = || {
+        let mut s = TcpStream::connect(&addr).unwrap();
+        write!(
+            s,
+            "POST /v1/processors HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\
+             Content-Length: 1000\r\n\r\n\0asm",
+            a.token
+        )
+        .unwrap();
+        s.set_nonblocking(true).unwrap();
+        s
+    };
+    let answered = |s: &TcpStream| s.peek(&mut [0u8; 1]).is_ok();
+    let mut stalled: Vec<TcpStream> = (0..2).map(|_| stall()).collect();
     let refused = wait_for(
         "a's third request to be refused",
         Duration::from_secs(30),
         || {
+            for s in &mut stalled {
+                if answered(s) {
+                    *s = stall();
+                }
+            }
             let r = a.get("/v1/tenant");
             (r.status == 429).then_some(r)
         },
+    );
+    assert!(
+        !stalled.iter().any(answered),
+        "the stalled requests hold their slots"
     );
     refused.error(429, &["max_in_flight_per_caller"]);
     // Another tenant is not affected, and a gets its slots back once its requests end.
