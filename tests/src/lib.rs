@@ -40,12 +40,17 @@ fn profile_dir() -> PathBuf {
         .to_owned()
 }
 
-/// The `statebox` CLI binary of the same build as the tests.
+/// The `statebox` CLI binary of the same build as the tests. `STATEBOX_TEST_BIN` names
+/// another binary instead, e.g. an older build, to show which tests fail on the code before
+/// a change.
 ///
 /// # Panics
 ///
 /// If it has not been built: cargo does not build another package's binaries for a test.
 pub fn statebox_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("STATEBOX_TEST_BIN") {
+        return PathBuf::from(bin);
+    }
     let dir = profile_dir();
     let bin = dir.join(format!("statebox{}", std::env::consts::EXE_SUFFIX));
     assert!(
