@@ -10,11 +10,11 @@ use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::json;
 use statebox_engine::{PartitionProcessor, ProcessorFactory, Query, QueryOptions};
-use statebox_runtime::catalog::{Catalog, Declaration, Described, InitOp, VarHandle, VarKind};
 use statebox_runtime::{
     BatchTimes, CallError, CallErrorKind, Function, InstanceConfig, ProcessorInfo, TimeMode,
 };
 use statebox_schema::Schema;
+use statebox_state::catalog::{Catalog, Declaration, Described, InitOp, VarHandle, VarKind};
 use statebox_state::{PartitionTxn, StoredValue};
 
 use crate::SandboxArgs;

@@ -27,8 +27,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use statebox_runtime::catalog::{Catalog, VarKind};
 use statebox_runtime::{BatchTimes, CallError, CallErrorKind};
+use statebox_state::catalog::{Catalog, VarKind};
 use statebox_state::{ChangelogWrite, Checkpoint, Commit, StoreError};
 
 use crate::config::meta;

@@ -5,10 +5,10 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use statebox_runtime::catalog::Catalog;
 use statebox_runtime::{
     BatchFailure, BatchTimes, CallError, CallErrorKind, Function, InstanceConfig, KeyRows,
 };
+use statebox_state::catalog::Catalog;
 use statebox_state::{Checkpoint, PartitionTxn, StoreError};
 
 use crate::input::{Origin, PartitionInput};

@@ -2,12 +2,12 @@
 //! called key by key. The WebAssembly runtime is the real implementation; the benchmark
 //! also plugs in native Rust logic to measure the sandbox's cost.
 
-use statebox_runtime::catalog::{Catalog, Described};
 use statebox_runtime::{
     BatchFailure, BatchTimes, CallError, Instance, InstanceConfig, KeyRows, Processor,
     ProcessorInfo, TimeMode, each_entry,
 };
 use statebox_state::PartitionTxn;
+use statebox_state::catalog::{Catalog, Described};
 
 /// A processor instance serving one partition.
 pub trait PartitionProcessor: Send {

@@ -11,8 +11,8 @@ use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value, json};
-use statebox_runtime::catalog::{Catalog, VarDef, VarKind};
 use statebox_schema::Schema;
+use statebox_state::catalog::{Catalog, VarDef, VarKind};
 use statebox_state::{Checkpoint, StoreError, StoredValue, Undo, changelog, keys};
 
 use crate::config::meta;

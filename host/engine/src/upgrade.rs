@@ -5,7 +5,7 @@
 use std::fmt;
 use std::path::Path;
 
-use statebox_runtime::catalog::{Catalog, UpgradeReport};
+use statebox_state::catalog::{Catalog, UpgradeReport};
 
 use crate::{EngineError, ProcessorFactory, QueryConfig, StateReader};
 

@@ -11,10 +11,12 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use crate::bindings::statebox::processor::{handle, keys, log, state, types};
-use crate::catalog::{Catalog, Declaration, DeclareError, Described, InitOp, VarHandle, VarKind};
 use crate::http::HttpHooks;
 use crate::sandbox::{CallDeadline, Limits, VirtualClock, VirtualRandom};
 use crate::{BatchTimes, InstanceConfig, TimeMode};
+use statebox_state::catalog::{
+    Catalog, Declaration, DeclareError, Described, InitOp, VarHandle, VarKind,
+};
 use types::{ErrorKind, StateError};
 
 /// Largest page an iterator returns, whatever the guest asks for.

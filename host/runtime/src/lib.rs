@@ -12,7 +12,6 @@
 //! holds whatever the guest does.
 
 mod bindings;
-pub mod catalog;
 mod driver;
 mod host;
 mod http;
@@ -33,11 +32,11 @@ use crate::bindings::StatefulBatchProcessor;
 use crate::bindings::exports::statebox::processor::batch_processor as batch_guest;
 use crate::bindings::exports::statebox::processor::processor as guest;
 pub use crate::bindings::statebox::processor::types::TimeMode;
-use crate::catalog::Catalog;
 use crate::driver::Driver;
 use crate::host::HostState;
 pub use crate::http::HttpHost;
 pub use crate::sandbox::{CpuBudget, Limits, thread_cpu_ns};
+use statebox_state::catalog::{self, Catalog};
 
 /// Runs one export call of an [`Instance`] under its deadline and sandbox:
 /// `|bindings, store| future` is the generated `call_*` of the export. Evaluates to

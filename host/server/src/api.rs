@@ -14,7 +14,7 @@ use axum::routing::{get, post, put};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use statebox_engine::{EngineError, OutputMode, StateReader, TimeMode};
-use statebox_runtime::catalog::{Catalog, InitOp, VarKind};
+use statebox_state::catalog::{Catalog, InitOp, VarKind};
 
 use crate::auth::{Admin, Caller, TenantId, token_hash};
 use crate::error::ApiError;

@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use statebox_engine::{PartitionProcessor, ProcessorFactory};
-use statebox_runtime::catalog::{Catalog, Described};
 use statebox_runtime::{
     BatchFailure, BatchTimes, CallError, CallErrorKind, Function, Instance, InstanceConfig,
     KeyRows, Processor, ProcessorInfo, TimeMode,
 };
 use statebox_state::PartitionTxn;
+use statebox_state::catalog::{Catalog, Described};
 
 /// What a tenant's processors have used.
 #[derive(Debug, Default)]

@@ -15,8 +15,8 @@ use datafusion::physical_plan::stream::RecordBatchReceiverStreamBuilder;
 use datafusion::physical_plan::streaming::PartitionStream;
 use serde_json::{Map, Value};
 use statebox_engine::{EngineError, StateReader};
-use statebox_runtime::catalog::{VarDef, VarKind};
 use statebox_schema::Schema;
+use statebox_state::catalog::{VarDef, VarKind};
 
 use crate::convert::{ConvertError, RowBatcher};
 use crate::named_args::{self, shown};

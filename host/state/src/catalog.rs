@@ -7,9 +7,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use crate::VarId;
 use serde::{Deserialize, Serialize};
 use statebox_schema::Schema;
-use statebox_state::VarId;
 
 /// The three kinds of state variable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -21,6 +21,7 @@
 //! built by [`Checkpoint::commit`] or [`Checkpoint::put_meta_sync`]; a [`PartitionTxn`] only
 //! ever reads the backend.
 
+pub mod catalog;
 pub mod changelog;
 mod checkpoint;
 pub mod engine;
