@@ -862,3 +862,118 @@ fn output_past_its_retention_is_dropped_and_its_disk_reclaimed() {
     assert_eq!(out.len(), 1);
     assert_eq!(out[0]["k"], "new");
 }
+
+/// A memory cgroup with a hard limit holding one process (cgroup v2, or v1's `memory`
+/// hierarchy), removed on drop; `None` where the kernel offers neither to this user.
+struct MemoryCgroup {
+    dir: std::path::PathBuf,
+}
+
+impl MemoryCgroup {
+    fn new(limit: u64) -> Option<MemoryCgroup> {
+        let name = format!("statebox-test-{}", std::process::id());
+        let v2 = Path::new("/sys/fs/cgroup");
+        let (dir, limit_file) = if std::fs::read_to_string(v2.join("cgroup.controllers"))
+            .is_ok_and(|c| c.split_whitespace().any(|c| c == "memory"))
+        {
+            (v2.join(name), "memory.max")
+        } else {
+            (
+                Path::new("/sys/fs/cgroup/memory").join(name),
+                "memory.limit_in_bytes",
+            )
+        };
+        std::fs::create_dir(&dir).ok()?;
+        let group = MemoryCgroup { dir };
+        std::fs::write(group.dir.join(limit_file), limit.to_string()).ok()?;
+        Some(group)
+    }
+
+    fn add(&self, pid: u32) {
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string())
+            .expect("move the server into its memory cgroup");
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        // Its processes have ended (the server is dropped first); a cgroup is removed empty.
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+#[test]
+fn two_gib_of_backlog_is_worked_through_under_a_one_gib_memory_limit() {
+    const GIB: u64 = 1 << 30;
+    let scratch = Scratch::new();
+    let cgroup = MemoryCgroup::new(GIB);
+    let server = Server::start(&data_dir(&scratch), &[]);
+    let pid = server.child.as_ref().unwrap().id();
+    match &cgroup {
+        Some(group) => group.add(pid),
+        None => eprintln!("no memory cgroup available: the peak resident memory is the bound"),
+    }
+    let a = tenant(
+        &server,
+        "a",
+        json!({"ingest_bytes_per_s": 64 * GIB, "ingest_rows_per_s": 1u64 << 40}),
+    );
+    let counter = a.processor(guests::COUNTER);
+    let p = a.pipeline(json!({"processor": counter, "key": "k"}));
+    a.post(&format!("/v1/pipelines/{p}/stop"), &json!({})).ok();
+    // 2 GiB acknowledged while the pipeline is stopped: requests of 16 MiB of 1 KiB rows
+    // over 64 keys.
+    let pad = "x".repeat(1000);
+    let rows_per_request = 16_000u64;
+    let body: String = (0..rows_per_request)
+        .map(|i| format!("{{\"k\":\"k{}\",\"pad\":\"{pad}\"}}\n", i % 64))
+        .collect();
+    let requests = (2 * GIB).div_ceil(body.len() as u64);
+    for _ in 0..requests {
+        a.jsonl(&p, &body).ok();
+    }
+    let rows = requests * rows_per_request;
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").expect("reset the peak RSS");
+    a.post(&format!("/v1/pipelines/{p}/start"), &json!({})).ok();
+    wait_for(
+        "the backlog to be processed",
+        Duration::from_secs(600),
+        || {
+            let s = a.status(&p);
+            assert_ne!(s["status"]["state"], "failed", "{s}");
+            (s["rows_processed"].as_u64() == Some(rows)).then_some(())
+        },
+    );
+    let peak_mib = proc_status_kib(pid, "VmHWM:") / 1024;
+    let limit = if cgroup.is_some() {
+        "inside a 1 GiB memory cgroup"
+    } else {
+        "without a memory cgroup"
+    };
+    eprintln!("peak resident memory {peak_mib} MiB over {rows} rows, {limit}");
+    assert!(
+        peak_mib < 1024,
+        "the server peaked at {peak_mib} MiB working through 2 GiB of backlog"
+    );
+    // In batches (64 MiB each by default), every row exactly once (the counter emits each
+    // key's rows per call).
+    let progress = a.get(&format!("/v1/pipelines/{p}/progress?last=1000")).ok();
+    let batches = progress["progress"].as_array().unwrap().len() as u64;
+    assert!(batches >= 2 * GIB / (64 << 20), "{batches} batches");
+    let out = a.output(&p, 10_000);
+    for k in 0..64u64 {
+        let key = format!("k{k}");
+        let count: u64 = out
+            .iter()
+            .filter(|r| r["key"] == key.as_str())
+            .map(|r| r["count"].as_u64().unwrap())
+            .sum();
+        assert_eq!(count, rows / 64, "key {key}");
+    }
+    drop(server);
+}
