@@ -24,9 +24,7 @@ fn root() -> &'static Path {
 
 /// Where `build.rs` put the guest components.
 fn guest_dir() -> &'static Path {
-    Path::new(env!("STATEBOX_GUEST_COUNTER"))
-        .parent()
-        .expect("a component lives in a directory")
+    Path::new(env!("STATEBOX_GUEST_DIR"))
 }
 
 /// Every scenario file, sorted.
@@ -178,6 +176,13 @@ fn every_scenario_passes_called_key_by_key() {
     every_scenario_passes_with(&["--per-key-calls"]);
 }
 
+/// Recovery: a restart after every batch (a fresh query, runtime and processor instances
+/// over the same checkpoint) changes nothing any step emits or fails with.
+#[test]
+fn every_scenario_passes_with_a_restart_after_every_batch() {
+    every_scenario_passes_with(&["--restart-every-batch"]);
+}
+
 fn every_scenario_passes_with(args: &[&str]) {
     let files = scenario_files();
     assert!(
@@ -196,8 +201,14 @@ fn every_scenario_passes_with(args: &[&str]) {
                     let name = file.file_name().and_then(|n| n.to_str()).expect("a name");
                     let scenario = with_components(read_scenario(file));
                     let output = run_scenario_with(dir, name, &scenario, args);
-                    (!output.status.success())
-                        .then(|| format!("=== {name} FAILED\n{}", describe(&output)))
+                    if !output.status.success() {
+                        return Some(format!("=== {name} FAILED\n{}", describe(&output)));
+                    }
+                    // Every scenario runs a batch, so the mode must have restarted.
+                    let restarted = restarts(&String::from_utf8_lossy(&output.stdout));
+                    let restarting = args.contains(&"--restart-every-batch");
+                    (restarting && restarted.is_none_or(|n| n == 0))
+                        .then(|| format!("=== {name} did not restart\n{}", describe(&output)))
                 })
             })
             .collect();
@@ -212,6 +223,13 @@ fn every_scenario_passes_with(args: &[&str]) {
         files.len(),
         failures.join("\n")
     );
+}
+
+/// The restarts `statebox test --restart-every-batch` reports on its last line.
+fn restarts(stdout: &str) -> Option<usize> {
+    let line = stdout.lines().last()?;
+    let (_, tail) = line.split_once("with a restart after every batch (")?;
+    tail.strip_suffix(" restarts)")?.parse().ok()
 }
 
 #[test]

@@ -22,6 +22,11 @@ pub(crate) struct TestArgs {
     /// Print what each step emitted, as JSON lines, instead of pass/fail lines.
     #[arg(long)]
     json: bool,
+    /// Restart after every batch: close the query and its processor instances and reopen
+    /// them over the same checkpoint, with a fresh runtime, before the next batch. Every
+    /// expectation must hold as in the uninterrupted run (checks recovery).
+    #[arg(long)]
+    restart_every_batch: bool,
     #[command(flatten)]
     sandbox: SandboxArgs,
 }
@@ -86,13 +91,16 @@ pub(crate) fn run(args: TestArgs) -> anyhow::Result<()> {
     let scenario: Scenario = serde_json::from_str(&text)
         .with_context(|| format!("invalid scenario {}", args.scenario.display()))?;
     let base = args.scenario.parent().unwrap_or(Path::new(".")).to_owned();
-    let runtime = args.sandbox.runtime()?;
     // A fresh checkpoint, input and output, removed when the run ends (also on errors).
     let work = tempfile::Builder::new()
         .prefix("statebox-test-")
         .tempdir()
         .context("cannot create a temporary directory")?;
-    let failures = run_steps(&scenario, &base, &runtime, work.path(), args.json)?;
+    let run = RunOptions {
+        json: args.json,
+        restart_every_batch: args.restart_every_batch,
+    };
+    let (failures, restarts) = run_steps(&scenario, &base, &args.sandbox, work.path(), run)?;
     if failures > 0 {
         bail!(
             "{failures} of {} steps failed in {}",
@@ -101,8 +109,14 @@ pub(crate) fn run(args: TestArgs) -> anyhow::Result<()> {
         );
     }
     if !args.json {
+        // The restart count shows the mode did restart (a scenario without batches would not).
+        let restarts = if run.restart_every_batch {
+            format!(" with a restart after every batch ({restarts} restarts)")
+        } else {
+            String::new()
+        };
         println!(
-            "ok: {} steps passed in {}",
+            "ok: {} steps passed in {}{restarts}",
             scenario.steps.len(),
             args.scenario.display()
         );
@@ -110,13 +124,22 @@ pub(crate) fn run(args: TestArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How `statebox test` runs the steps.
+#[derive(Clone, Copy)]
+struct RunOptions {
+    json: bool,
+    restart_every_batch: bool,
+}
+
 fn run_steps(
     scenario: &Scenario,
     base: &Path,
-    runtime: &Runtime,
+    sandbox: &SandboxArgs,
     work: &Path,
-    json: bool,
-) -> anyhow::Result<usize> {
+    run: RunOptions,
+) -> anyhow::Result<(usize, usize)> {
+    let json = run.json;
+    let runtime = sandbox.runtime()?;
     let input = work.join("input");
     std::fs::create_dir_all(&input)?;
     let output = work.join("output.jsonl");
@@ -159,14 +182,28 @@ fn run_steps(
             scenario.key.clone(),
         )
     };
-    let open = |processor: &str| -> anyhow::Result<Query> {
+    let open_in = |runtime: &Runtime, processor: &str| -> anyhow::Result<Query> {
         let wasm = crate::plugin::resolve(&locate(processor, base))?;
         let processor = runtime
             .load_file(&wasm)
             .with_context(|| format!("cannot load processor {}", wasm.display()))?;
         Ok(Query::open(opts.clone(), Arc::new(processor))?)
     };
+    let open = |processor: &str| open_in(&runtime, processor);
+    // With `--restart-every-batch`, what a process restart leaves: nothing in memory but
+    // the checkpoint (and the output and input files). The old query is dropped first, so
+    // its instances are torn down and the checkpoint is free to open again; a fresh runtime
+    // shares nothing with the old one but the on-disk compile cache.
+    let restarts = std::cell::Cell::new(0);
+    let reopen = |query: &mut Option<Query>, processor: &str| -> anyhow::Result<()> {
+        restarts.set(restarts.get() + 1);
+        *query = None;
+        *query = Some(open_in(&sandbox.runtime()?, processor)?);
+        Ok(())
+    };
     let mut query = Some(open(&scenario.processor)?);
+    // The processor of the last restart step: what a restart after a batch reopens.
+    let mut current = scenario.processor.as_str();
     let mut at_ms = 0;
     let mut failures = 0;
     for (i, step) in scenario.steps.iter().enumerate() {
@@ -181,6 +218,7 @@ fn run_steps(
             // Dropping the query tears its instances down; reopening checks the checkpoint.
             query = None;
             let processor = step.processor.as_deref().unwrap_or(&scenario.processor);
+            current = processor;
             match open(processor) {
                 Ok(q) => query = Some(q),
                 Err(e) => {
@@ -199,10 +237,18 @@ fn run_steps(
             failures += usize::from(!report(n, step, &result, json));
             continue;
         }
-        let Some(q) = query.as_mut() else {
-            bail!("step {n}: the query could not be reopened by the previous restart step");
-        };
+        if query.is_none() {
+            bail!("step {n}: no query to run: reopening it failed in an earlier step");
+        }
         at_ms = step.at_ms.unwrap_or(at_ms);
+        // Called after every batch the step runs (and after a failed one, as a process
+        // that died of it would be restarted).
+        let after_batch = |query: &mut Option<Query>| -> anyhow::Result<()> {
+            if run.restart_every_batch {
+                reopen(query, current)?;
+            }
+            Ok(())
+        };
         let before = std::fs::metadata(&output).map_or(0, |m| m.len());
         let file = input.join(format!("step-{n:05}.jsonl"));
         let outcome = match &step.batch {
@@ -213,29 +259,49 @@ fn run_steps(
                     text.push('\n');
                 }
                 std::fs::write(&file, text)?;
-                run_until_idle(q, at_ms)
+                run_until_idle(&mut query, at_ms, &after_batch)
             }
-            _ => q
-                .run_no_data(Some(at_ms))
-                .map(|_| ())
-                .and_then(|()| run_until_idle(q, at_ms)),
+            _ => run_no_data(&mut query, at_ms)
+                .and_then(|()| after_batch(&mut query))
+                .and_then(|()| run_until_idle(&mut query, at_ms, &after_batch)),
         };
-        let error = outcome
-            .err()
-            .map(|e| format!("{:#}", anyhow::Error::from(e)));
+        let error = outcome.err().map(|e| format!("{e:#}"));
         if error.is_some() {
             // A failed batch commits nothing; its input must not block the steps after it.
             std::fs::remove_file(&file).ok();
+            if run.restart_every_batch && query.is_some() {
+                // The restart a failed batch would cause. Were it to fail, the next step
+                // reports that the query is gone.
+                if let Err(e) = reopen(&mut query, current) {
+                    tracing::error!(error = %format!("{e:#}"), "reopening after a failed batch");
+                }
+            }
         }
         let emitted = read_rows_after(&output, before)?;
         failures += usize::from(!report(n, step, &StepResult { emitted, error }, json));
     }
-    Ok(failures)
+    Ok((failures, restarts.get()))
 }
 
-/// Runs batches until there is no new input and no watermark advance left to process.
-fn run_until_idle(query: &mut Query, at_ms: i64) -> Result<(), statebox_engine::EngineError> {
-    while query.run_next(Some(at_ms))?.is_some() {}
+/// Runs batches until there is no new input and no watermark advance left to process,
+/// calling `after_batch` after each one.
+fn run_until_idle(
+    query: &mut Option<Query>,
+    at_ms: i64,
+    after_batch: &dyn Fn(&mut Option<Query>) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    loop {
+        let q = query.as_mut().context("the query was not reopened")?;
+        if q.run_next(Some(at_ms))?.is_none() {
+            return Ok(());
+        }
+        after_batch(query)?;
+    }
+}
+
+fn run_no_data(query: &mut Option<Query>, at_ms: i64) -> anyhow::Result<()> {
+    let q = query.as_mut().context("the query was not reopened")?;
+    q.run_no_data(Some(at_ms))?;
     Ok(())
 }
 
