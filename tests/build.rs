@@ -8,7 +8,8 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-/// Every guest: (cargo package, component file stem).
+/// Every guest: its cargo package, which is also its folder's name under `plugins/` or
+/// `tests/guests/` (its component is the package name with `_` for `-`, `.wasm`).
 const GUESTS: &[&str] = &[
     "counter",
     "session-tracker",
@@ -72,6 +73,13 @@ fn main() {
     assert!(
         status.success(),
         "building the wasm32-wasip2 guests failed (is the target installed? run .ci/setup)"
+    );
+    // The list itself, for the test that every guest built here is used
+    // (`tests/all/guests_used.rs`), and the directory holding the components.
+    println!("cargo:rustc-env=STATEBOX_GUESTS={}", GUESTS.join(","));
+    println!(
+        "cargo:rustc-env=STATEBOX_GUEST_DIR={}",
+        target.join("wasm32-wasip2/release").display()
     );
     for g in GUESTS {
         let wasm = target

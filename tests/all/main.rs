@@ -9,6 +9,7 @@ mod components;
 mod console;
 mod exactly_once;
 mod examples;
+mod guests_used;
 mod js;
 mod kafka;
 mod pyspark_docs;
