@@ -585,7 +585,7 @@ impl Runner {
         self.handle.log.seal().map_err(Failure::Batch)?;
         let mut ran = 0;
         while ran < BATCHES_PER_ROUND {
-            self.spec.factory.budget.reset();
+            self.spec.factory.meter.budget.reset();
             self.limit_state(query);
             match query.run_next(None) {
                 Ok(Some(report)) => {
@@ -593,8 +593,11 @@ impl Runner {
                     self.record(&report);
                 }
                 Ok(None) => {
-                    if ran > 0 {
-                        reclaim_input(&PipelineHandle::input_dir(&self.handle.dir));
+                    // Caught up: every sealed segment is read. Processed input is removed
+                    // in bulk while rows keep coming, and all of it once a round finds
+                    // nothing new.
+                    let input = PipelineHandle::input_dir(&self.handle.dir);
+                    if reclaim_input(&input, ran == 0) {
                         self.handle
                             .metrics
                             .disk_bytes
@@ -609,7 +612,7 @@ impl Runner {
             return Ok(true);
         }
         if ran == 0 && tick && self.spec.time_mode != TimeMode::None {
-            self.spec.factory.budget.reset();
+            self.spec.factory.meter.budget.reset();
             self.limit_state(query);
             let report = query.run_no_data(None).map_err(|e| self.failure(e))?;
             self.record(&report);
@@ -737,23 +740,39 @@ fn guarded(handle: &PipelineHandle, app: &Weak<App>, body: impl FnOnce()) {
     }
 }
 
+/// Processed input is reclaimed once this many bytes of it have piled up (or when a round
+/// finds no new input): removing and emptying segments after every batch costs a journal
+/// commit per batch that the next ingest fsync waits on.
+const RECLAIM_AFTER_BYTES: u64 = 32 << 20;
+
 /// Reclaims the input segments every batch has read, once no input is left to read (so
-/// the engine has consumed every sealed segment): removes all but the newest, and empties
-/// that one, which stays so the segment numbers keep going up after a restart (the
-/// engine's progress is per file name, so a number must never be used twice; an emptied
-/// file is shorter than its progress, so it is never read again). Runs on the runner's
-/// thread, between batches, when no seal can add a segment and no batch is planned.
-fn reclaim_input(dir: &Path) {
+/// the engine has consumed every sealed segment) and either `force` or they hold at least
+/// [`RECLAIM_AFTER_BYTES`]: removes all but the newest, and empties that one, which stays
+/// so the segment numbers keep going up after a restart (the engine's progress is per file
+/// name, so a number must never be used twice; an emptied file is shorter than its
+/// progress, so it is never read again). Runs on the runner's thread, between batches, when
+/// no seal can add a segment and no batch is planned. Returns whether anything was
+/// reclaimed.
+fn reclaim_input(dir: &Path, force: bool) -> bool {
     let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
+        return false;
     };
-    let mut sealed: Vec<String> = entries
+    let mut sealed: Vec<(String, u64)> = entries
         .filter_map(Result::ok)
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("seg-"))
+        .map(|e| {
+            let len = e.metadata().map_or(0, |m| m.len());
+            (e.file_name().to_string_lossy().into_owned(), len)
+        })
+        .filter(|(n, _)| n.starts_with("seg-"))
         .collect();
+    let bytes: u64 = sealed.iter().map(|(_, len)| len).sum();
+    if bytes == 0 || (!force && bytes < RECLAIM_AFTER_BYTES) {
+        return false;
+    }
     sealed.sort();
-    if let Some(newest) = sealed.pop() {
+    if let Some((newest, len)) = sealed.pop()
+        && len > 0
+    {
         let emptied = std::fs::OpenOptions::new()
             .write(true)
             .open(dir.join(&newest))
@@ -762,11 +781,12 @@ fn reclaim_input(dir: &Path) {
             tracing::warn!(error = %e, segment = %newest, "cannot empty a processed input segment");
         }
     }
-    for name in sealed {
+    for (name, _) in sealed {
         if let Err(e) = std::fs::remove_file(dir.join(&name)) {
             tracing::warn!(error = %e, segment = %name, "cannot remove a processed input segment");
         }
     }
+    true
 }
 
 /// Bytes a pipeline in `dir` takes on disk: its files' lengths, less the output its
