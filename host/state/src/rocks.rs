@@ -12,8 +12,8 @@ use rocksdb::{
 use crate::engine::{GetFn, GetManyFn, KvEngine, ScanFn, WriteBatch, WriteOp};
 use crate::{Result, StoreError};
 
-/// Block cache shared by all reads of one database. Hot per-key state of a few million keys
-/// fits; the OS page cache backs the rest.
+/// Each of the two block caches of the process ([`shared_cache`]). Hot per-key state of a few
+/// million keys fits; the OS page cache backs the rest.
 const BLOCK_CACHE_BYTES: usize = 256 << 20;
 /// Bloom filter bits per key (~1% false positives): most point reads of a batch hit keys
 /// that were never written, and the filter answers those without touching a data block.
@@ -42,11 +42,7 @@ impl RocksEngine {
     }
 
     fn open_mode(path: &Path, read_only: bool) -> Result<Self> {
-        let cache = if read_only {
-            shared_read_cache()?
-        } else {
-            Cache::new_lru_cache(BLOCK_CACHE_BYTES).map_err(storage)?
-        };
+        let cache = shared_cache(read_only)?;
         let mut table = BlockBasedOptions::default();
         table.set_block_cache(&cache);
         // A full (not block-based) filter: one probe per point read.
@@ -96,12 +92,16 @@ impl RocksEngine {
     }
 }
 
-/// The one block cache of every read-only database of the process (`statebox state`,
-/// `statebox sql`, the server's state queries): readers open at the same time share its
-/// [`BLOCK_CACHE_BYTES`] instead of each bringing a cache of its own.
-fn shared_read_cache() -> Result<Cache> {
-    static CACHE: std::sync::Mutex<Option<Cache>> = std::sync::Mutex::new(None);
-    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+/// The block cache of the process's databases: one for every writable database (a run's
+/// checkpoint, each of a server's pipelines) and one for every read-only one (`statebox
+/// state`, `statebox sql`, the server's state queries). Databases open at the same time
+/// share its [`BLOCK_CACHE_BYTES`] instead of each bringing a cache of its own, so a server
+/// with many pipelines holds two caches, not one per pipeline, and queries do not evict the
+/// pipelines' blocks.
+fn shared_cache(read_only: bool) -> Result<Cache> {
+    static CACHES: std::sync::Mutex<[Option<Cache>; 2]> = std::sync::Mutex::new([None, None]);
+    let mut caches = CACHES.lock().unwrap_or_else(|e| e.into_inner());
+    let cache = &mut caches[usize::from(read_only)];
     if cache.is_none() {
         *cache = Some(Cache::new_lru_cache(BLOCK_CACHE_BYTES).map_err(storage)?);
     }
