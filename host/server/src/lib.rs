@@ -383,6 +383,7 @@ impl App {
             std::fs::create_dir_all(dir.join(sub))
                 .with_context(|| format!("cannot create {}", dir.join(sub).display()))?;
         }
+        restrict_to_owner(dir)?;
         let lock = lock_data_dir(dir)?;
         let registry = Registry::open(&dir.join("registry.json"))?;
         let cache_dir = config
@@ -980,6 +981,28 @@ fn ingest_check(record: &PipelineRecord, processor: &Processor) -> IngestCheck {
 }
 
 /// Takes an exclusive lock on the data directory, so two servers never share it.
+/// Makes the data directory accessible by its owner only (as PostgreSQL requires of its
+/// own): it holds every tenant's input, output and state, and the registry with their Kafka
+/// client options, which no other local user may read.
+fn restrict_to_owner(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(dir)
+        .with_context(|| format!("cannot read {}", dir.display()))?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).with_context(
+            || format!("cannot make {} accessible by its owner only", dir.display()),
+        )?;
+        tracing::info!(
+            dir = %dir.display(),
+            was = format!("{:o}", mode & 0o777),
+            "the data directory is now accessible by its owner only (700)"
+        );
+    }
+    Ok(())
+}
+
 fn lock_data_dir(dir: &Path) -> anyhow::Result<std::fs::File> {
     use std::os::fd::AsRawFd;
     let path = dir.join("lock");
