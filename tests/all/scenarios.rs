@@ -6,6 +6,12 @@
 //! `statebox test` would build such a folder with cargo; here each scenario is copied with its
 //! processors replaced by the components `build.rs` already built, so the suite runs no nested
 //! cargo. One test keeps a scenario as written, to cover folder resolution too.
+//!
+//! With `STATEBOX_BLESS=1`, [`every_scenario_passes`] rewrites the expectations of every
+//! failing step from what the run did instead of failing (see [`bless`]); the other ways of
+//! running the scenarios still check against the files.
+
+mod bless;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -166,7 +172,105 @@ fn describe(output: &Output) -> String {
 
 #[test]
 fn every_scenario_passes() {
-    every_scenario_passes_with(&[]);
+    if std::env::var_os("STATEBOX_BLESS").is_some_and(|v| v == "1") {
+        bless_every_scenario();
+    } else {
+        every_scenario_passes_with(&[]);
+    }
+}
+
+/// Bless mode: every scenario with a failing step gets that step's expectations rewritten
+/// from the real run, and must then pass as written.
+fn bless_every_scenario() {
+    let files = scenario_files();
+    let dir = tempfile::tempdir().expect("create a temporary directory");
+    let outcomes: Vec<(String, Result<bool, String>)> = std::thread::scope(|s| {
+        let runs: Vec<_> = files
+            .iter()
+            .map(|file| {
+                let dir = dir.path();
+                s.spawn(move || (file.display().to_string(), bless_scenario(dir, file)))
+            })
+            .collect();
+        runs.into_iter()
+            .map(|run| run.join().expect("a scenario thread panicked"))
+            .collect()
+    });
+    let mut errors = Vec::new();
+    for (file, outcome) in outcomes {
+        match outcome {
+            Ok(true) => eprintln!("blessed {file}: review it with `git diff`"),
+            Ok(false) => {}
+            Err(e) => errors.push(format!("=== {file} could not be blessed\n{e}")),
+        }
+    }
+    assert!(errors.is_empty(), "{}", errors.join("\n"));
+}
+
+/// Runs the scenario `file` (its copy with built components, in `dir`); if a step failed,
+/// rewrites `file`'s expectations from the run and checks that it then passes. Returns
+/// whether it rewrote the file.
+fn bless_scenario(dir: &Path, file: &Path) -> Result<bool, String> {
+    let name = file.file_name().and_then(|n| n.to_str()).expect("a name");
+    let text =
+        std::fs::read_to_string(file).map_err(|e| format!("read {}: {e}", file.display()))?;
+    let scenario = with_components(read_scenario(file));
+    let output = run_scenario_with(dir, name, &scenario, &["--json"]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let runs = bless::StepRun::parse_all(&stdout)?;
+    if output.status.success() && runs.iter().all(|r| r.passed) {
+        return Ok(false);
+    }
+    if runs.is_empty() {
+        return Err(format!("no step ran:\n{}", describe(&output)));
+    }
+    let temp = std::env::temp_dir();
+    let cache = component_cache();
+    let unstable = [
+        temp.to_str().expect("a UTF-8 temporary directory"),
+        root().to_str().expect("a UTF-8 workspace path"),
+        guest_dir().to_str().expect("a UTF-8 target directory"),
+        cache.to_str().expect("a UTF-8 cache directory"),
+    ];
+    let blessed = bless::bless(&text, &runs, &unstable)?;
+    // Written aside and renamed over the file, so the suite's other runs of the scenarios
+    // (other test processes) never read half a file.
+    let aside = file.with_extension("json.blessing");
+    std::fs::write(&aside, blessed).map_err(|e| format!("write {}: {e}", aside.display()))?;
+    std::fs::rename(&aside, file).map_err(|e| format!("replace {}: {e}", file.display()))?;
+    let again = run_scenario_with(dir, name, &with_components(read_scenario(file)), &[]);
+    if !again.status.success() {
+        return Err(format!(
+            "the blessed file still fails (a step whose outcome differs from run to run?):\n{}",
+            describe(&again)
+        ));
+    }
+    Ok(true)
+}
+
+/// Blessing a scenario whose expectations are wrong gives back the right file: here the
+/// original, byte for byte, since the wrong expectations were made from it.
+#[test]
+fn bless_rewrites_wrong_expectations_from_the_run() {
+    let original = root().join("tests/scenarios/timers-fire-in-ascending-order.json");
+    let text = std::fs::read_to_string(&original).expect("read the scenario");
+    let wrong = text
+        .replacen(
+            r#""at_ms": 100, "expect": []"#,
+            r#""at_ms": 100, "expect_error": "a timer error""#,
+            1,
+        )
+        .replacen(r#""seq": 5"#, r#""seq": 6"#, 1);
+    assert_ne!(wrong, text, "the scenario's text changed: update this test");
+    let files = tempfile::tempdir().expect("create a temporary directory");
+    let file = files.path().join("timers-fire-in-ascending-order.json");
+    std::fs::write(&file, &wrong).expect("write the scenario");
+    let runs = tempfile::tempdir().expect("create a temporary directory");
+    assert_eq!(bless_scenario(runs.path(), &file), Ok(true));
+    let blessed = std::fs::read_to_string(&file).expect("read the blessed scenario");
+    assert_eq!(blessed, text);
+    // Nothing left to bless.
+    assert_eq!(bless_scenario(runs.path(), &file), Ok(false));
 }
 
 /// Processors built with the SDKs take many keys per call (`batch-processor`); called key by
