@@ -9,13 +9,11 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::json;
-use statebox_engine::{PartitionProcessor, ProcessorFactory, Query, QueryOptions};
-use statebox_runtime::{
-    BatchTimes, CallError, CallErrorKind, Function, InstanceConfig, ProcessorInfo, TimeMode,
+use statebox_engine::testing::NativeCounter;
+use statebox_engine::{
+    BatchTimes, InstanceConfig, KeyRows, PartitionBatch, PartitionProcessor, ProcessorFactory,
+    Query, QueryOptions, TimeMode,
 };
-use statebox_schema::Schema;
-use statebox_state::catalog::{Catalog, Declaration, Described, InitOp, VarHandle, VarKind};
-use statebox_state::{PartitionTxn, StoredValue};
 
 use crate::SandboxArgs;
 
@@ -356,12 +354,9 @@ fn startup(args: StartupArgs) -> anyhow::Result<()> {
                 statebox_state::Checkpoint::open(&scratch.path().join(run.to_string()))?;
             let started = Instant::now();
             let mut instance = processor.instantiate(InstanceConfig {
-                time_mode: TimeMode::None,
-                catalog: Arc::new(Mutex::new(Catalog::default())),
-                partition: 0,
-                output_event_time_column: None,
                 query_id: "bench".into(),
                 run_id: "bench".into(),
+                ..InstanceConfig::detached(TimeMode::None)
             })?;
             init.push(started.elapsed());
             let times = BatchTimes {
@@ -369,15 +364,15 @@ fn startup(args: StartupArgs) -> anyhow::Result<()> {
                 batch_timestamp_ms: 0,
                 watermark_ms: -1,
             };
-            instance.begin_batch(checkpoint.txn(0), times);
+            let mut batch = PartitionBatch::new(checkpoint.txn(0), times);
+            instance.start_batch();
             for timings in [&mut first, &mut next] {
                 let started = Instant::now();
                 instance
-                    .handle_input_batch(&[statebox_runtime::KeyRows { key, rows: &rows }])
+                    .handle_input_batch(&mut batch, &[KeyRows { key, rows: &rows }])
                     .map_err(|f| f.error)?;
                 timings.push(started.elapsed());
             }
-            instance.end_batch();
         }
         let line = json!({
             "workload": "startup",
@@ -430,199 +425,6 @@ fn generate_count_input(dir: &Path, events: u64, keys: u64, batches: u64) -> any
         w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
     }
     Ok(())
-}
-
-/// The `counter` plugin's logic compiled into the host, doing the same state operations
-/// through the same store: the baseline that shows what the sandbox costs.
-struct NativeCounter {
-    info: ProcessorInfo,
-}
-
-impl NativeCounter {
-    fn new() -> NativeCounter {
-        NativeCounter {
-            info: ProcessorInfo {
-                name: "counter-native".into(),
-                output_schema: Schema::parse_ddl("key string, count long").expect("valid DDL"),
-                input_schema: None,
-                output_event_time_column: None,
-            },
-        }
-    }
-}
-
-struct NativeCounterInstance {
-    count: Arc<VarHandle>,
-    batch_counts: Arc<VarHandle>,
-    stats: Arc<VarHandle>,
-    calls_key: Vec<u8>,
-    txn: Option<PartitionTxn>,
-}
-
-impl ProcessorFactory for NativeCounter {
-    fn info(&self) -> &ProcessorInfo {
-        &self.info
-    }
-
-    fn describe_init(
-        &self,
-        _time_mode: TimeMode,
-        catalog: &Catalog,
-    ) -> Result<Described, CallError> {
-        let mut trial = catalog.trial();
-        let mut described = Described::default();
-        for (name, kind, key, value) in [
-            ("count", VarKind::Value, None, "long"),
-            ("batchCounts", VarKind::List, None, "long"),
-            ("stats", VarKind::Map, Some("name string"), "count long"),
-        ] {
-            let outcome = trial
-                .declare(name, kind, key, value, None)
-                .map(|_| ())
-                .map_err(|e| e.to_string());
-            if let Err(e) = &outcome {
-                described.init_error.get_or_insert_with(|| e.clone());
-            }
-            let op = InitOp::Declare(Declaration {
-                name: name.into(),
-                kind,
-                key_schema: key.map(str::to_owned),
-                value_schema: value.into(),
-                ttl_ms: None,
-            });
-            described.ops.push((op, outcome));
-        }
-        Ok(described)
-    }
-
-    fn instantiate(
-        &self,
-        config: InstanceConfig,
-    ) -> Result<Box<dyn PartitionProcessor>, CallError> {
-        let catalog: &Mutex<Catalog> = &config.catalog;
-        let mut catalog = catalog.lock().expect("catalog lock");
-        let declare = |c: &mut Catalog, name: &str, kind, key: Option<&str>, value: &str| {
-            c.declare(name, kind, key, value, None)
-                .map_err(|e| CallError {
-                    processor: "counter-native".into(),
-                    function: Function::Init,
-                    key: None,
-                    kind: CallErrorKind::Failed(e.to_string()),
-                })
-        };
-        Ok(Box::new(NativeCounterInstance {
-            count: declare(&mut catalog, "count", VarKind::Value, None, "long")?,
-            batch_counts: declare(&mut catalog, "batchCounts", VarKind::List, None, "long")?,
-            stats: declare(
-                &mut catalog,
-                "stats",
-                VarKind::Map,
-                Some("name string"),
-                "count long",
-            )?,
-            calls_key: br#"{"name":"calls"}"#.to_vec(),
-            txn: None,
-        }))
-    }
-}
-
-impl NativeCounterInstance {
-    fn store(
-        &mut self,
-        f: impl FnOnce(&mut PartitionTxn) -> statebox_state::Result<()>,
-    ) -> Result<(), CallError> {
-        let txn = self.txn.as_mut().expect("in a batch");
-        f(txn).map_err(|e| CallError {
-            processor: "counter-native".into(),
-            function: Function::HandleInputRows,
-            key: None,
-            kind: CallErrorKind::Internal(e),
-        })
-    }
-}
-
-fn value(var: &VarHandle, json: String) -> StoredValue {
-    StoredValue {
-        schema_id: var.schema_id(),
-        expires_at_ms: None,
-        payload: json.into_bytes(),
-    }
-}
-
-impl PartitionProcessor for NativeCounterInstance {
-    fn begin_batch(&mut self, txn: PartitionTxn, _times: BatchTimes) {
-        self.txn = Some(txn);
-    }
-
-    fn handle_input_rows(&mut self, key: &str, rows: &[&str]) -> Result<Vec<String>, CallError> {
-        let batch = rows.len() as i64;
-        let k = key.as_bytes();
-        let (count, batch_counts, stats, calls_key) = (
-            self.count.clone(),
-            self.batch_counts.clone(),
-            self.stats.clone(),
-            self.calls_key.clone(),
-        );
-        self.store(|txn| {
-            let total = match txn.value_get(count.id, k)? {
-                Some(v) => std::str::from_utf8(&v.payload)
-                    .ok()
-                    .and_then(|s| s.parse::<i64>().ok())
-                    .unwrap_or(0),
-                None => 0,
-            } + batch;
-            txn.value_put(count.id, k, value(&count, total.to_string()))?;
-            txn.list_append(
-                batch_counts.id,
-                k,
-                vec![value(&batch_counts, batch.to_string())],
-            )?;
-            let calls = match txn.map_get(stats.id, k, &calls_key)? {
-                Some(v) => serde_json::from_slice::<serde_json::Value>(&v.payload)
-                    .ok()
-                    .and_then(|v| v["count"].as_i64())
-                    .unwrap_or(0),
-                None => 0,
-            } + 1;
-            txn.map_put(
-                stats.id,
-                k,
-                &calls_key,
-                value(&stats, format!("{{\"count\":{calls}}}")),
-            )
-        })?;
-        let label: Vec<serde_json::Value> = serde_json::from_str(key).unwrap_or_default();
-        let label = match label.as_slice() {
-            [serde_json::Value::String(s)] => s.clone(),
-            [other] => other.to_string(),
-            _ => key.to_owned(),
-        };
-        Ok(vec![json!({"key": label, "count": batch}).to_string()])
-    }
-
-    fn handle_expired_timer(
-        &mut self,
-        _key: &str,
-        _expiry_ms: i64,
-    ) -> Result<Vec<String>, CallError> {
-        Ok(Vec::new())
-    }
-
-    fn handle_initial_state(&mut self, _key: &str, _row: &str) -> Result<(), CallError> {
-        Ok(())
-    }
-
-    fn txn_mut(&mut self) -> Option<&mut PartitionTxn> {
-        self.txn.as_mut()
-    }
-
-    fn end_batch(&mut self) -> Option<PartitionTxn> {
-        self.txn.take()
-    }
-
-    fn is_poisoned(&self) -> bool {
-        false
-    }
 }
 
 #[derive(Args)]

@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use statebox_contract::TimeMode;
+
 use crate::source::FileRange;
 
 /// Spark's output modes; recorded with the query and fixed for its lifetime.
@@ -34,64 +36,6 @@ impl std::fmt::Display for OutputMode {
             OutputMode::Append => "append",
             OutputMode::Update => "update",
         })
-    }
-}
-
-/// The query's time mode; fixed for its lifetime.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum TimeMode {
-    /// No timers, no TTL.
-    None,
-    /// Timers and TTL against the batch timestamp.
-    ProcessingTime,
-    /// Timers (and TTL) against the watermark.
-    EventTime,
-}
-
-impl std::str::FromStr for TimeMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "none" => Ok(TimeMode::None),
-            "processing-time" => Ok(TimeMode::ProcessingTime),
-            "event-time" => Ok(TimeMode::EventTime),
-            _ => Err(format!(
-                "unknown time mode `{s}` (expected none, processing-time or event-time)"
-            )),
-        }
-    }
-}
-
-impl std::fmt::Display for TimeMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            TimeMode::None => "none",
-            TimeMode::ProcessingTime => "processing-time",
-            TimeMode::EventTime => "event-time",
-        })
-    }
-}
-
-impl TimeMode {
-    /// The time timers fire against and TTL expires against in a batch with these times:
-    /// the batch timestamp, the watermark, or none in time mode `none`.
-    pub fn clock(self, batch_timestamp_ms: i64, watermark_ms: i64) -> Option<i64> {
-        match self {
-            TimeMode::None => None,
-            TimeMode::ProcessingTime => Some(batch_timestamp_ms),
-            TimeMode::EventTime => Some(watermark_ms),
-        }
-    }
-}
-
-impl From<TimeMode> for statebox_runtime::TimeMode {
-    fn from(t: TimeMode) -> Self {
-        match t {
-            TimeMode::None => statebox_runtime::TimeMode::None,
-            TimeMode::ProcessingTime => statebox_runtime::TimeMode::ProcessingTime,
-            TimeMode::EventTime => statebox_runtime::TimeMode::EventTime,
-        }
     }
 }
 

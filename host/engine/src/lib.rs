@@ -16,18 +16,20 @@ mod config;
 mod endpoints;
 mod input;
 mod partition;
-mod processor;
 pub mod reader;
 mod sink;
 mod source;
+pub mod testing;
 mod upgrade;
+
+#[cfg(test)]
+mod tests;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use statebox_runtime::{BatchTimes, CallError, CallErrorKind};
 use statebox_state::catalog::{Catalog, VarKind};
 use statebox_state::{ChangelogWrite, Checkpoint, Commit, StoreError};
 
@@ -37,11 +39,15 @@ pub use crate::config::{
 };
 pub use crate::endpoints::{BatchSink, RecordSource, SourceBatch, SourceText};
 use crate::input::{Origin, PartitionInput};
-pub use crate::processor::{PartitionProcessor, ProcessorFactory};
 pub use crate::reader::StateReader;
 use crate::sink::Sink;
 pub use crate::source::{FileRange, FileSource};
 pub use crate::upgrade::{UpgradeCheck, check_upgrade};
+/// The processor contract the engine drives, re-exported for its users.
+pub use statebox_contract::{
+    BatchFailure, BatchTimes, CallError, CallErrorKind, CallMeter, Function, InstanceConfig,
+    KeyRows, Metered, PartitionBatch, PartitionProcessor, ProcessorFactory, ProcessorInfo,
+};
 
 /// Why a query could not run. Says whose fault it is: the user's settings or input, the
 /// tenant's processor, or the host.

@@ -5,8 +5,9 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use statebox_runtime::{
+use statebox_contract::{
     BatchFailure, BatchTimes, CallError, CallErrorKind, Function, InstanceConfig, KeyRows,
+    PartitionBatch,
 };
 use statebox_state::catalog::Catalog;
 use statebox_state::{Checkpoint, PartitionTxn, StoreError};
@@ -97,7 +98,7 @@ impl Context<'_> {
             Some(i) => i,
             None => {
                 let config = InstanceConfig {
-                    time_mode: self.time_mode.into(),
+                    time_mode: self.time_mode,
                     catalog: self.catalog.clone(),
                     partition,
                     output_event_time_column: self.output_event_time_column.map(str::to_owned),
@@ -112,26 +113,28 @@ impl Context<'_> {
         };
         let mut txn = self.checkpoint.txn(partition);
         txn.set_time_floor(self.time_floor);
-        instance.begin_batch(txn, self.times);
+        // Reads hide, and writes expire against, the same clock timers fire against.
+        txn.set_ttl_clock(self.clock());
+        let mut batch = PartitionBatch::new(txn, self.times);
+        instance.start_batch();
         let mut counts = Counts::default();
         let outcome = self
-            .initial_state(&mut *instance, &initial)
-            .and_then(|()| self.inputs(&mut *instance, &input, &mut counts.rows))
+            .initial_state(&mut *instance, &mut batch, &initial)
+            .and_then(|()| self.inputs(&mut *instance, &mut batch, &input, &mut counts.rows))
             .and_then(|()| {
                 let started = Instant::now();
-                let fired = self.timers(&mut *instance, &mut counts);
+                let fired = self.timers(&mut *instance, &mut batch, &mut counts);
                 counts.timers_ms = started.elapsed().as_millis() as u64;
                 fired
             })
             .and_then(|()| {
                 let started = Instant::now();
-                let cleaned = self.ttl(&mut *instance, &mut counts);
+                let cleaned = self.ttl(batch.txn(), &mut counts);
                 counts.ttl_ms = started.elapsed().as_millis() as u64;
                 cleaned
             });
-        let txn = instance.end_batch();
         let outcome = outcome.map(|()| {
-            let mut txn = txn.expect("begin_batch lent the instance a transaction");
+            let mut txn = batch.into_txn();
             // Sorting and encoding the partition's writes here, on its worker, keeps the
             // single-threaded commit short.
             txn.seal();
@@ -152,12 +155,13 @@ impl Context<'_> {
     fn initial_state(
         &self,
         instance: &mut dyn PartitionProcessor,
+        batch: &mut PartitionBatch,
         initial: &PartitionInput<'_>,
     ) -> Result<(), (CallError, Option<Origin>)> {
         for group in &initial.groups {
             for (row, origin) in group.rows.iter().zip(&group.origins) {
                 instance
-                    .handle_initial_state(&group.key, row)
+                    .handle_initial_state(batch, &group.key, row)
                     .map_err(|e| (e, Some(*origin)))?;
             }
         }
@@ -167,6 +171,7 @@ impl Context<'_> {
     fn inputs(
         &self,
         instance: &mut dyn PartitionProcessor,
+        batch: &mut PartitionBatch,
         input: &PartitionInput<'_>,
         rows: &mut Vec<String>,
     ) -> Result<(), (CallError, Option<Origin>)> {
@@ -191,7 +196,7 @@ impl Context<'_> {
                     rows: &g.rows,
                 })
                 .collect();
-            match instance.handle_input_batch(&calls) {
+            match instance.handle_input_batch(batch, &calls) {
                 Ok(out) => rows.extend(out.into_iter().flatten()),
                 Err(BatchFailure { entry, error }) => {
                     let origin = match (&error.kind, entry) {
@@ -214,13 +219,14 @@ impl Context<'_> {
     fn timers(
         &self,
         instance: &mut dyn PartitionProcessor,
+        batch: &mut PartitionBatch,
         result: &mut Counts,
     ) -> Result<(), (CallError, Option<Origin>)> {
         let Some(upto) = self.clock() else {
             return Ok(());
         };
         loop {
-            let due = store(instance, |txn| txn.timers_due(upto, TIMER_PAGE))?;
+            let due = store(batch.txn().timers_due(upto, TIMER_PAGE))?;
             if due.is_empty() {
                 return Ok(());
             }
@@ -250,7 +256,7 @@ impl Context<'_> {
                 // whole run up front is the same as checking each timer just before it.)
                 let mut timers = Vec::with_capacity(candidates.len());
                 for (key, ts) in candidates {
-                    if store(instance, |txn| txn.timer_exists(key.as_bytes(), *ts))? {
+                    if store(batch.txn().timer_exists(key.as_bytes(), *ts))? {
                         timers.push((key.as_str(), *ts));
                     }
                 }
@@ -258,11 +264,11 @@ impl Context<'_> {
                     continue;
                 }
                 let out = instance
-                    .handle_expired_timers(&timers)
+                    .handle_expired_timers(batch, &timers)
                     .map_err(|f| (f.error, None))?;
                 result.rows.extend(out.into_iter().flatten());
                 for (key, ts) in &timers {
-                    store(instance, |txn| txn.timer_delete(key.as_bytes(), *ts))?;
+                    store(batch.txn().timer_delete(key.as_bytes(), *ts))?;
                 }
                 result.timers_fired += timers.len() as u64;
                 if result.timers_fired > MAX_TIMER_FIRINGS {
@@ -287,25 +293,20 @@ impl Context<'_> {
     /// Removes state whose TTL has expired (reads already hid it).
     fn ttl(
         &self,
-        instance: &mut dyn PartitionProcessor,
+        txn: &mut PartitionTxn,
         result: &mut Counts,
     ) -> Result<(), (CallError, Option<Origin>)> {
         let Some(now) = self.clock() else {
             return Ok(());
         };
-        result.ttl_removed = store(instance, |txn| txn.ttl_cleanup(now))?;
+        result.ttl_removed = store(txn.ttl_cleanup(now))?;
         Ok(())
     }
 }
 
-fn store<T>(
-    instance: &mut dyn PartitionProcessor,
-    f: impl FnOnce(&mut PartitionTxn) -> Result<T, StoreError>,
-) -> Result<T, (CallError, Option<Origin>)> {
-    let txn = instance
-        .txn_mut()
-        .expect("begin_batch lent the instance a transaction");
-    f(txn).map_err(internal)
+/// A store operation of the engine's own (timers, TTL) whose failure fails the batch.
+fn store<T>(result: Result<T, StoreError>) -> Result<T, (CallError, Option<Origin>)> {
+    result.map_err(internal)
 }
 
 fn internal(e: StoreError) -> (CallError, Option<Origin>) {

@@ -55,7 +55,7 @@ pub(crate) fn check_against(
     catalog: &Catalog,
     factory: &dyn ProcessorFactory,
 ) -> Result<UpgradeCheck, EngineError> {
-    let described = factory.describe_init(config.time_mode.into(), catalog)?;
+    let described = factory.describe_init(config.time_mode, catalog)?;
     let new_output = factory.info().output_schema.to_ddl();
     let output_schema_change = config
         .output_schema

@@ -385,22 +385,22 @@ impl HostState {
         self.logged = 0;
     }
 
-    pub(crate) fn begin_batch(&mut self, txn: PartitionTxn, times: BatchTimes) {
+    /// A new batch starts: the per-batch write allowance starts over.
+    pub(crate) fn start_batch(&mut self) {
         self.written.set(0);
+    }
+
+    /// Holds the batch's transaction for one export call (host functions reach only what
+    /// the store owns); [`Self::take_back`] returns it when the call is over. The engine
+    /// set its TTL clock and time floor when it opened it.
+    pub(crate) fn lend(&mut self, txn: PartitionTxn, times: BatchTimes) {
         self.txn = Some(txn);
         self.times = Some(times);
         self.clock.set_ms(times.batch_timestamp_ms);
-        let ttl_clock = self.ttl_clock(times);
-        if let Some(txn) = &mut self.txn {
-            txn.set_ttl_clock(ttl_clock);
-        }
     }
 
-    pub(crate) fn txn_mut(&mut self) -> Option<&mut PartitionTxn> {
-        self.txn.as_mut()
-    }
-
-    pub(crate) fn end_batch(&mut self) -> Option<PartitionTxn> {
+    /// Gives back the transaction [lent](Self::lend) for a call.
+    pub(crate) fn take_back(&mut self) -> Option<PartitionTxn> {
         self.times = None;
         self.txn.take()
     }
@@ -468,19 +468,15 @@ impl HostState {
         }
     }
 
-    /// The clock TTL is measured against: the batch timestamp, or the watermark in
-    /// event-time mode (a Statebox extension).
-    fn ttl_clock(&self, times: BatchTimes) -> Option<i64> {
-        match self.config.time_mode {
-            TimeMode::None => None,
-            TimeMode::ProcessingTime => Some(times.batch_timestamp_ms),
-            TimeMode::EventTime => Some(times.watermark_ms),
-        }
-    }
-
     fn expiry(&self, var: &VarHandle) -> Option<i64> {
         let ttl = var.ttl_ms?;
-        let now = self.times.and_then(|t| self.ttl_clock(t))?;
+        // The one clock of timers and TTL (the batch timestamp, or the watermark in event-time
+        // mode), as the engine's TTL cleanup uses it.
+        let now = self.times.and_then(|t| {
+            self.config
+                .time_mode
+                .clock(t.batch_timestamp_ms, t.watermark_ms)
+        })?;
         Some(now.saturating_add(ttl as i64))
     }
 

@@ -3,9 +3,10 @@
 //! A [`Runtime`] owns the wasmtime engine and a cache of compiled components. Loading a
 //! component gives a [`Processor`]: checked against the `stateful-processor` world and
 //! described (name, schemas). A processor is instantiated once per state partition into an
-//! [`Instance`], which the engine drives batch by batch: it lends the instance the
-//! partition's [`PartitionTxn`], calls the handlers key by key, and takes the transaction
-//! back to commit it.
+//! [`Instance`]. Both implement the processor contract (`statebox-contract`):
+//! [`Processor`] is a [`ProcessorFactory`], [`Instance`] a [`PartitionProcessor`], which the
+//! engine drives batch by batch; each call holds the batch's transaction in the instance's
+//! store for its length (host functions reach only what the store owns) and gives it back.
 //!
 //! Architecture Invariant: every state and timer import acts on the key of the call in
 //! progress, which only the host sets. The guest never names a key, so per-key isolation
@@ -20,22 +21,26 @@ mod sandbox;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+pub use statebox_contract::{
+    BatchFailure, BatchTimes, CallError, CallErrorKind, CpuBudget, Function, InstanceConfig,
+    KeyRows, PartitionBatch, PartitionProcessor, ProcessorFactory, ProcessorInfo, TimeMode,
+    each_entry, thread_cpu_ns,
+};
 use statebox_schema::Schema;
-use statebox_state::{Partition, PartitionTxn, StoreError};
 use wasmtime::component::{Component, HasSelf, InstancePre, Linker, ResourceTable};
 use wasmtime::{Engine, Store, UpdateDeadline};
 
 use crate::bindings::StatefulBatchProcessor;
 use crate::bindings::exports::statebox::processor::batch_processor as batch_guest;
 use crate::bindings::exports::statebox::processor::processor as guest;
-pub use crate::bindings::statebox::processor::types::TimeMode;
+use crate::bindings::statebox::processor::types::TimeMode as WitTimeMode;
 use crate::driver::Driver;
 use crate::host::HostState;
 pub use crate::http::HttpHost;
-pub use crate::sandbox::{CpuBudget, Limits, thread_cpu_ns};
+pub use crate::sandbox::Limits;
 use statebox_state::catalog::{self, Catalog};
 
 /// Runs one export call of an [`Instance`] under its deadline and sandbox:
@@ -92,85 +97,6 @@ pub enum LoadError {
     /// The processor's `describe` trapped or returned unusable schemas.
     #[error("processor `describe` failed: {0}")]
     Describe(String),
-}
-
-/// Which export of the processor was being called.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Function {
-    /// `init`.
-    Init,
-    /// `handle-input-rows`.
-    HandleInputRows,
-    /// `handle-expired-timer`.
-    HandleExpiredTimer,
-    /// `handle-initial-state`.
-    HandleInitialState,
-    /// `close`.
-    Close,
-}
-
-impl fmt::Display for Function {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Function::Init => "init",
-            Function::HandleInputRows => "handle-input-rows",
-            Function::HandleExpiredTimer => "handle-expired-timer",
-            Function::HandleInitialState => "handle-initial-state",
-            Function::Close => "close",
-        })
-    }
-}
-
-/// Why a processor call failed. Everything but [`CallErrorKind::Internal`] is the
-/// processor's (tenant's) fault; the batch fails and commits nothing either way.
-#[derive(Debug, thiserror::Error)]
-#[error("processor `{processor}` failed in {function}{}: {kind}", key.as_ref().map(|k| format!(" for key {k}")).unwrap_or_default())]
-pub struct CallError {
-    /// The processor's name.
-    pub processor: String,
-    /// The export being called.
-    pub function: Function,
-    /// The grouping key of the call (JSON), if the call had one.
-    pub key: Option<String>,
-    /// What went wrong.
-    pub kind: CallErrorKind,
-}
-
-/// The cause of a [`CallError`].
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum CallErrorKind {
-    /// The guest trapped or hit a sandbox limit (CPU deadline, memory). The instance is
-    /// poisoned and must be replaced.
-    #[error("trapped: {0}")]
-    Trap(String),
-    /// The guest returned an error.
-    #[error("{0}")]
-    Failed(String),
-    /// The guest rejected input row `index` of the call.
-    #[error("input row {index} rejected: {message}")]
-    BadInputRow {
-        /// Index within the rows passed to the call.
-        index: u32,
-        /// The guest's message.
-        message: String,
-    },
-    /// The guest emitted a row that does not match its output schema, or too much output.
-    #[error("bad output: {0}")]
-    BadOutput(String),
-    /// The host's state store failed; not the processor's fault.
-    #[error("internal state store error: {0}")]
-    Internal(#[from] StoreError),
-}
-
-impl CallError {
-    /// Whether the instance can no longer be used (it trapped).
-    pub fn poisons_instance(&self) -> bool {
-        matches!(
-            self.kind,
-            CallErrorKind::Trap(_) | CallErrorKind::Internal(_)
-        )
-    }
 }
 
 /// Settings of a [`Runtime`].
@@ -339,19 +265,6 @@ fn tempfile_in(dir: &Path) -> std::io::Result<PathBuf> {
     Ok(dir.join(format!(".tmp-{}-{nanos}", std::process::id())))
 }
 
-/// What a processor declared about itself, with its schemas parsed.
-#[derive(Debug, Clone)]
-pub struct ProcessorInfo {
-    /// The processor's name.
-    pub name: String,
-    /// Schema of emitted rows.
-    pub output_schema: Schema,
-    /// Schema input rows are checked against, if declared.
-    pub input_schema: Option<Schema>,
-    /// The output column holding event time, if declared.
-    pub output_event_time_column: Option<String>,
-}
-
 /// A component ready to instantiate, with its exports looked up: `processor` always,
 /// `batch-processor` if the component implements the batch world.
 #[derive(Clone)]
@@ -427,38 +340,6 @@ pub struct Processor {
     positional: bool,
 }
 
-/// What an instance needs to know about the query it serves.
-#[derive(Clone)]
-pub struct InstanceConfig {
-    /// The query's time mode.
-    pub time_mode: TimeMode,
-    /// The query's state variables, shared by all partitions' instances.
-    pub catalog: Arc<Mutex<Catalog>>,
-    /// The state partition this instance serves.
-    pub partition: Partition,
-    /// The output column holding event time (overrides the processor's own declaration).
-    /// In event-time mode, emitting a row older than the watermark fails the call.
-    pub output_event_time_column: Option<String>,
-    /// The query's id, fixed when its checkpoint was created (`get-query-info`).
-    pub query_id: String,
-    /// This run's id, new each time the query starts (`get-query-info`).
-    pub run_id: String,
-}
-
-impl InstanceConfig {
-    /// A configuration for running a processor outside any query (describing it).
-    fn detached(time_mode: TimeMode) -> InstanceConfig {
-        InstanceConfig {
-            time_mode,
-            catalog: Arc::new(Mutex::new(Catalog::default())),
-            partition: 0,
-            output_event_time_column: None,
-            query_id: String::new(),
-            run_id: String::new(),
-        }
-    }
-}
-
 impl Processor {
     /// What the processor declared about itself.
     pub fn info(&self) -> &ProcessorInfo {
@@ -513,7 +394,7 @@ impl Processor {
         };
         let result = guest_call!(instance, Function::Init, None, |b, s| b
             .processor
-            .call_init(s, time_mode));
+            .call_init(s, wit_time_mode(time_mode)));
         instance.store.data_mut().end_call();
         let mut described = instance.store.data_mut().take_described();
         match result {
@@ -556,7 +437,7 @@ impl Processor {
         let time_mode = config.time_mode;
         let result = guest_call!(instance, Function::Init, None, |b, s| b
             .processor
-            .call_init(s, time_mode));
+            .call_init(s, wit_time_mode(time_mode)));
         instance.store.data_mut().end_call();
         result?;
         Ok(instance)
@@ -676,17 +557,6 @@ fn describe(pre: &ExportsPre, limits: &Limits) -> Result<(ProcessorInfo, bool), 
     Ok((info, positional))
 }
 
-/// The times and identity of the batch being run.
-#[derive(Clone, Copy, Debug)]
-pub struct BatchTimes {
-    /// Batch id, used to seed the guest's virtual randomness.
-    pub batch_id: u64,
-    /// The batch timestamp (ms since the epoch), recorded with the batch for replay.
-    pub batch_timestamp_ms: i64,
-    /// The watermark for this batch; -1 when not in event-time mode.
-    pub watermark_ms: i64,
-}
-
 /// A live processor instance serving one partition.
 pub struct Instance {
     store: Store<HostState>,
@@ -712,22 +582,6 @@ impl Instance {
         self.store.data().limits.peak
     }
 
-    /// Lends the instance the partition's transaction for a batch.
-    pub fn begin_batch(&mut self, txn: PartitionTxn, times: BatchTimes) {
-        self.store.data_mut().begin_batch(txn, times);
-    }
-
-    /// The partition's transaction while a batch is in progress, for the engine's own
-    /// work between calls (firing timers, TTL cleanup).
-    pub fn txn_mut(&mut self) -> Option<&mut PartitionTxn> {
-        self.store.data_mut().txn_mut()
-    }
-
-    /// Takes the partition's transaction back at the end of a batch.
-    pub fn end_batch(&mut self) -> Option<PartitionTxn> {
-        self.store.data_mut().end_batch()
-    }
-
     /// Whether the instance takes many keys per call (its component exports
     /// `batch-processor`).
     pub fn is_batched(&self) -> bool {
@@ -736,11 +590,7 @@ impl Instance {
 
     /// Calls `handle-input-rows` for one key. Returns the emitted rows, checked against the
     /// output schema.
-    pub fn handle_input_rows(
-        &mut self,
-        key: &str,
-        rows: &[&str],
-    ) -> Result<Vec<String>, CallError> {
+    fn input_rows(&mut self, key: &str, rows: &[&str]) -> Result<Vec<String>, CallError> {
         self.store.data_mut().begin_call(key);
         let tv = self.store.data().timer_values();
         let result = guest_call!(*self, Function::HandleInputRows, Some(key), |b, s| b
@@ -751,11 +601,7 @@ impl Instance {
     }
 
     /// Calls `handle-expired-timer` for one key and timer.
-    pub fn handle_expired_timer(
-        &mut self,
-        key: &str,
-        expiry_ms: i64,
-    ) -> Result<Vec<String>, CallError> {
+    fn expired_timer(&mut self, key: &str, expiry_ms: i64) -> Result<Vec<String>, CallError> {
         self.store.data_mut().begin_call(key);
         let tv = self.store.data().timer_values();
         let info = guest::ExpiredTimerInfo {
@@ -771,12 +617,9 @@ impl Instance {
     /// Handles the rows of several keys: one `handle-input-batch` call if the component
     /// exports `batch-processor`, else one `handle-input-rows` call per key. Entry `i` of
     /// the result holds the rows emitted for `groups[i]`, checked against the output schema.
-    pub fn handle_input_batch(
-        &mut self,
-        groups: &[KeyRows<'_>],
-    ) -> Result<Vec<Vec<String>>, BatchFailure> {
+    fn input_batch(&mut self, groups: &[KeyRows<'_>]) -> Result<Vec<Vec<String>>, BatchFailure> {
         if !self.is_batched() {
-            return each_entry(groups, |g| self.handle_input_rows(g.key, g.rows));
+            return each_entry(groups, |g| self.input_rows(g.key, g.rows));
         }
         let positional = if self.positional {
             let rows: Vec<&[&str]> = groups.iter().map(|g| g.rows).collect();
@@ -821,12 +664,9 @@ impl Instance {
     /// once): one `handle-expired-timers` call if the component exports `batch-processor`,
     /// else one `handle-expired-timer` call per timer. Entry `i` of the result holds the
     /// rows emitted for `timers[i]`.
-    pub fn handle_expired_timers(
-        &mut self,
-        timers: &[(&str, i64)],
-    ) -> Result<Vec<Vec<String>>, BatchFailure> {
+    fn expired_timers(&mut self, timers: &[(&str, i64)]) -> Result<Vec<Vec<String>>, BatchFailure> {
         if !self.is_batched() {
-            return each_entry(timers, |&(key, ts)| self.handle_expired_timer(key, ts));
+            return each_entry(timers, |&(key, ts)| self.expired_timer(key, ts));
         }
         let entries: Vec<batch_guest::KeyTimer<'_>> = timers
             .iter()
@@ -924,7 +764,7 @@ impl Instance {
     }
 
     /// Calls `handle-initial-state` for one key and initial-state row.
-    pub fn handle_initial_state(&mut self, key: &str, row: &str) -> Result<(), CallError> {
+    fn initial_state(&mut self, key: &str, row: &str) -> Result<(), CallError> {
         self.store.data_mut().begin_call(key);
         let tv = self.store.data().timer_values();
         let result = guest_call!(*self, Function::HandleInitialState, Some(key), |b, s| b
@@ -932,6 +772,25 @@ impl Instance {
             .call_handle_initial_state(s, key, row, tv));
         self.store.data_mut().end_call();
         result.map(|_| ())
+    }
+
+    /// Runs `call` with the batch's transaction held by the store, where the host
+    /// functions reach it, and gives it back to the batch afterwards, whatever the outcome.
+    fn with_batch<T>(
+        &mut self,
+        batch: &mut PartitionBatch,
+        call: impl FnOnce(&mut Instance) -> T,
+    ) -> T {
+        let times = batch.times();
+        self.store.data_mut().lend(batch.lend(), times);
+        let result = call(self);
+        let txn = self
+            .store
+            .data_mut()
+            .take_back()
+            .expect("the store holds the lent transaction until the call is over");
+        batch.restore(txn);
+        result
     }
 
     /// Calls `close`. Errors are returned but the instance is gone either way.
@@ -1093,47 +952,70 @@ impl Instance {
     }
 }
 
-/// The rows of one key, as passed to [`Instance::handle_input_batch`].
-#[derive(Clone, Copy, Debug)]
-pub struct KeyRows<'a> {
-    /// The key, a JSON array of the key columns' values.
-    pub key: &'a str,
-    /// The key's rows in arrival order, each a JSON object.
-    pub rows: &'a [&'a str],
-}
+impl ProcessorFactory for Processor {
+    fn info(&self) -> &ProcessorInfo {
+        Processor::info(self)
+    }
 
-/// A failed call over several keys, and the entry it is attributed to (`None` when the
-/// failure belongs to no single entry).
-#[derive(Debug)]
-pub struct BatchFailure {
-    /// Index of the entry whose handler failed.
-    pub entry: Option<usize>,
-    /// The failure.
-    pub error: CallError,
-}
+    fn describe_init(
+        &self,
+        time_mode: TimeMode,
+        catalog: &Catalog,
+    ) -> Result<catalog::Described, CallError> {
+        Processor::describe_init(self, time_mode, catalog)
+    }
 
-impl From<CallError> for BatchFailure {
-    fn from(error: CallError) -> BatchFailure {
-        BatchFailure { entry: None, error }
+    fn instantiate(
+        &self,
+        config: InstanceConfig,
+    ) -> Result<Box<dyn PartitionProcessor>, CallError> {
+        Ok(Box::new(Processor::instantiate(self, config)?))
     }
 }
 
-/// One call per entry, stopping at the first failure: the batched methods' fallback for
-/// components without the `batch-processor` export.
-pub fn each_entry<E>(
-    entries: &[E],
-    mut call: impl FnMut(&E) -> Result<Vec<String>, CallError>,
-) -> Result<Vec<Vec<String>>, BatchFailure> {
-    entries
-        .iter()
-        .enumerate()
-        .map(|(i, e)| {
-            call(e).map_err(|error| BatchFailure {
-                entry: Some(i),
-                error,
-            })
-        })
-        .collect()
+/// Every call takes the batch's transaction into the store for its length.
+impl PartitionProcessor for Instance {
+    /// One `handle-input-batch` call if the component exports `batch-processor`, else one
+    /// `handle-input-rows` call per key; every entry's rows are checked against the output
+    /// schema.
+    fn handle_input_batch(
+        &mut self,
+        batch: &mut PartitionBatch,
+        groups: &[KeyRows<'_>],
+    ) -> Result<Vec<Vec<String>>, BatchFailure> {
+        self.with_batch(batch, |i| i.input_batch(groups))
+    }
+
+    /// One `handle-expired-timers` call if the component exports `batch-processor`, else
+    /// one `handle-expired-timer` call per timer.
+    fn handle_expired_timers(
+        &mut self,
+        batch: &mut PartitionBatch,
+        timers: &[(&str, i64)],
+    ) -> Result<Vec<Vec<String>>, BatchFailure> {
+        self.with_batch(batch, |i| i.expired_timers(timers))
+    }
+
+    fn handle_initial_state(
+        &mut self,
+        batch: &mut PartitionBatch,
+        key: &str,
+        row: &str,
+    ) -> Result<(), CallError> {
+        self.with_batch(batch, |i| i.initial_state(key, row))
+    }
+
+    fn start_batch(&mut self) {
+        self.store.data_mut().start_batch();
+    }
+
+    fn memory_high_water_bytes(&self) -> usize {
+        Instance::memory_high_water_bytes(self)
+    }
+
+    fn is_poisoned(&self) -> bool {
+        Instance::is_poisoned(self)
+    }
 }
 
 fn processor_error(e: guest::ProcessorError) -> String {
@@ -1161,6 +1043,15 @@ fn check_event_time(row: &str, column: &str, watermark: i64) -> Result<(), Strin
         ));
     }
     Ok(())
+}
+
+/// The contract's time mode as the WIT package spells it.
+fn wit_time_mode(mode: TimeMode) -> WitTimeMode {
+    match mode {
+        TimeMode::None => WitTimeMode::None,
+        TimeMode::ProcessingTime => WitTimeMode::ProcessingTime,
+        TimeMode::EventTime => WitTimeMode::EventTime,
+    }
 }
 
 /// How long the epoch ticker sleeps between ticks; the CPU deadline is measured in ticks.

@@ -695,7 +695,7 @@ async fn upload_processor(
         // variables are accepted).
         let described = processor
             .describe_init(
-                statebox_runtime::TimeMode::ProcessingTime,
+                statebox_contract::TimeMode::ProcessingTime,
                 &Catalog::default(),
             )
             .map_err(|e| invalid(crate::bounded_message(&format!("its `init` failed: {e}"))))?;
@@ -749,7 +749,7 @@ async fn upload_processor(
 
 /// Refuses a processor whose declared name, schemas or event-time column are over their
 /// limits ([`MAX_NAME_BYTES`], [`MAX_SCHEMA_BYTES`]), naming which.
-fn check_declared(info: &statebox_runtime::ProcessorInfo) -> std::result::Result<(), String> {
+fn check_declared(info: &statebox_contract::ProcessorInfo) -> std::result::Result<(), String> {
     let over = |what: &str, len: usize, max: usize| {
         format!("its {what} is {len} bytes long, more than the limit of {max} bytes")
     };

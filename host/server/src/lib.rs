@@ -69,7 +69,7 @@ use statebox_engine::{EventTimeOptions, QueryOptions, StateReader};
 use statebox_runtime::{Processor, Runtime, RuntimeConfig};
 
 use crate::auth::{Caller, constant_time_eq, token_hash};
-use crate::meter::{BatchBudget, Metered, TenantUsage};
+use crate::meter::{BatchBudget, Metered, TenantMeter, TenantUsage};
 use crate::pipeline::{IngestCheck, PipelineHandle, RunnerSpec};
 pub use crate::registry::Quotas;
 use crate::registry::{Desired, PipelineRecord, ProcessorRecord, Registry};
@@ -745,9 +745,11 @@ impl App {
         });
         Ok(RunnerSpec {
             factory: Arc::new(Metered {
-                processor,
-                usage: self.usage(&record.tenant),
-                budget,
+                inner: processor,
+                meter: TenantMeter {
+                    usage: self.usage(&record.tenant),
+                    budget,
+                },
             }),
             opts,
             endpoints,

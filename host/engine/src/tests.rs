@@ -1,0 +1,385 @@
+//! The engine's own behaviour over native processors, without WebAssembly: a batch's plan is
+//! durable and re-run as planned, a failed batch commits nothing, timers fire against the
+//! batch clock and are deleted, TTL hides and then removes state.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Value, json};
+use statebox_contract::{
+    BatchFailure, CallError, CallErrorKind, Function, InstanceConfig, KeyRows, PartitionBatch,
+    PartitionProcessor, ProcessorFactory, ProcessorInfo, TimeMode,
+};
+use statebox_schema::Schema;
+use statebox_state::StoredValue;
+use statebox_state::catalog::{Catalog, Declaration, Described, InitOp, VarHandle, VarKind};
+
+use crate::testing::NativeCounter;
+use crate::{EngineError, Query, QueryOptions, StateReader};
+
+/// How long `seen` lives, and how far after its batch a key's reminder fires.
+const LIFE_MS: i64 = 1_000;
+
+/// What [`Reminder`] does after writing: return its output, fail the call, or panic.
+const RUN: u8 = 0;
+const FAIL: u8 = 1;
+const PANIC: u8 = 2;
+
+/// Per key: emits what `seen` held (TTL hides an expired value), stores the key's row count
+/// in `seen` with a TTL of [`LIFE_MS`], and registers a timer [`LIFE_MS`] after the batch;
+/// a fired timer emits `{"key", "fired"}`. After writing, fails the call if `fail` is
+/// [`FAIL`], or panics (a process dying mid-batch) if it is [`PANIC`], so an unfinished batch
+/// has writes to roll back.
+struct Reminder {
+    info: ProcessorInfo,
+    fail: Arc<AtomicU8>,
+}
+
+struct ReminderInstance {
+    seen: Arc<VarHandle>,
+    fail: Arc<AtomicU8>,
+}
+
+impl Reminder {
+    fn new(fail: Arc<AtomicU8>) -> Reminder {
+        Reminder {
+            info: ProcessorInfo {
+                name: "reminder".into(),
+                output_schema: Schema::parse_ddl("key string, seen long, fired long").unwrap(),
+                input_schema: None,
+                output_event_time_column: None,
+            },
+            fail,
+        }
+    }
+}
+
+impl ProcessorFactory for Reminder {
+    fn info(&self) -> &ProcessorInfo {
+        &self.info
+    }
+
+    fn describe_init(&self, _: TimeMode, catalog: &Catalog) -> Result<Described, CallError> {
+        let mut trial = catalog.trial();
+        let outcome = trial
+            .declare("seen", VarKind::Value, None, "long", Some(LIFE_MS as u64))
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+        let op = InitOp::Declare(Declaration {
+            name: "seen".into(),
+            kind: VarKind::Value,
+            key_schema: None,
+            value_schema: "long".into(),
+            ttl_ms: Some(LIFE_MS as u64),
+        });
+        Ok(Described {
+            init_error: outcome.clone().err(),
+            ops: vec![(op, outcome)],
+        })
+    }
+
+    fn instantiate(
+        &self,
+        config: InstanceConfig,
+    ) -> Result<Box<dyn PartitionProcessor>, CallError> {
+        let catalog: &Mutex<Catalog> = &config.catalog;
+        let seen = catalog
+            .lock()
+            .unwrap()
+            .declare("seen", VarKind::Value, None, "long", Some(LIFE_MS as u64))
+            .map_err(|e| CallError {
+                processor: "reminder".into(),
+                function: Function::Init,
+                key: None,
+                kind: CallErrorKind::Failed(e.to_string()),
+            })?;
+        Ok(Box::new(ReminderInstance {
+            seen,
+            fail: self.fail.clone(),
+        }))
+    }
+}
+
+impl PartitionProcessor for ReminderInstance {
+    fn handle_input_batch(
+        &mut self,
+        batch: &mut PartitionBatch,
+        groups: &[KeyRows<'_>],
+    ) -> Result<Vec<Vec<String>>, BatchFailure> {
+        let now = batch.times().batch_timestamp_ms;
+        let internal = |e| BatchFailure {
+            entry: None,
+            error: CallError {
+                processor: "reminder".into(),
+                function: Function::HandleInputRows,
+                key: None,
+                kind: CallErrorKind::Internal(e),
+            },
+        };
+        let mut out = Vec::new();
+        for g in groups {
+            let txn = batch.txn();
+            let k = g.key.as_bytes();
+            let before = txn.value_get(self.seen.id, k).map_err(internal)?.map(|v| {
+                String::from_utf8(v.payload)
+                    .unwrap()
+                    .parse::<i64>()
+                    .unwrap()
+            });
+            let value = StoredValue {
+                schema_id: self.seen.schema_id(),
+                expires_at_ms: Some(now + LIFE_MS),
+                payload: g.rows.len().to_string().into_bytes(),
+            };
+            txn.value_put(self.seen.id, k, value).map_err(internal)?;
+            txn.timer_register(k, now + LIFE_MS).map_err(internal)?;
+            out.push(vec![json!({"key": g.key, "seen": before}).to_string()]);
+        }
+        let mode = self.fail.load(Ordering::Relaxed);
+        assert_ne!(mode, PANIC, "told to die mid-batch");
+        if mode == FAIL {
+            return Err(BatchFailure {
+                entry: Some(0),
+                error: CallError {
+                    processor: "reminder".into(),
+                    function: Function::HandleInputRows,
+                    key: Some(groups[0].key.to_owned()),
+                    kind: CallErrorKind::Failed("told to fail".into()),
+                },
+            });
+        }
+        Ok(out)
+    }
+
+    fn handle_expired_timers(
+        &mut self,
+        _batch: &mut PartitionBatch,
+        timers: &[(&str, i64)],
+    ) -> Result<Vec<Vec<String>>, BatchFailure> {
+        Ok(timers
+            .iter()
+            .map(|(key, ts)| vec![json!({"key": key, "fired": ts}).to_string()])
+            .collect())
+    }
+}
+
+/// A query's directories: input files are added one per batch.
+struct Dirs {
+    _root: tempfile::TempDir,
+    input: PathBuf,
+    output: PathBuf,
+    checkpoint: PathBuf,
+}
+
+impl Dirs {
+    fn new() -> Dirs {
+        let root = tempfile::tempdir().unwrap();
+        let input = root.path().join("input");
+        std::fs::create_dir(&input).unwrap();
+        Dirs {
+            input,
+            output: root.path().join("out.jsonl"),
+            checkpoint: root.path().join("checkpoint"),
+            _root: root,
+        }
+    }
+
+    fn add_input(&self, name: &str, keys: &[&str]) {
+        let text: String = keys
+            .iter()
+            .map(|k| format!("{{\"k\":\"{k}\"}}\n"))
+            .collect();
+        std::fs::write(self.input.join(name), text).unwrap();
+    }
+
+    fn options(&self, time_mode: TimeMode) -> QueryOptions {
+        QueryOptions {
+            partitions: Some(2),
+            time_mode: Some(time_mode),
+            workers: Some(1),
+            ..QueryOptions::new(
+                self.input.clone(),
+                self.output.clone(),
+                self.checkpoint.clone(),
+                vec!["k".into()],
+            )
+        }
+    }
+
+    fn output(&self) -> Vec<Value> {
+        read_rows(&self.output)
+    }
+}
+
+fn read_rows(path: &Path) -> Vec<Value> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+fn state(checkpoint: &Path, var: &str) -> Vec<Value> {
+    let mut rows = Vec::new();
+    StateReader::open(checkpoint)
+        .unwrap()
+        .read_state(var, false, None, |row| {
+            rows.push(row);
+            Ok(())
+        })
+        .unwrap();
+    rows
+}
+
+#[test]
+fn native_counter_counts_across_batches_and_restarts() {
+    let dirs = Dirs::new();
+    dirs.add_input("0.jsonl", &["a", "b", "a"]);
+    let mut query =
+        Query::open(dirs.options(TimeMode::None), Arc::new(NativeCounter::new())).unwrap();
+    assert_eq!(query.run_available(|_| {}).unwrap().len(), 1);
+    drop(query);
+    dirs.add_input("1.jsonl", &["a"]);
+    let mut query =
+        Query::open(dirs.options(TimeMode::None), Arc::new(NativeCounter::new())).unwrap();
+    let reports = query.run_available(|_| {}).unwrap();
+    assert_eq!(reports.len(), 1);
+    assert_eq!(reports[0].commit.batch_id, 1);
+    let mut out = dirs.output();
+    out.sort_by_key(|r| r.to_string());
+    assert_eq!(
+        out,
+        [
+            json!({"key": "a", "count": 1}),
+            json!({"key": "b", "count": 1}),
+            json!({"key": "a", "count": 2}),
+        ]
+    );
+    let mut counts = state(&dirs.checkpoint, "count");
+    counts.sort_by_key(|r| r.to_string());
+    let values: Vec<&Value> = counts.iter().map(|r| &r["value"]).collect();
+    assert_eq!(values, [&json!(3), &json!(1)], "{counts:?}");
+}
+
+#[test]
+fn a_failed_batch_commits_nothing_and_withdraws_its_plan() {
+    let dirs = Dirs::new();
+    dirs.add_input("0.jsonl", &["a", "b"]);
+    let fail = Arc::new(AtomicU8::new(FAIL));
+    let factory = Arc::new(Reminder::new(fail.clone()));
+    let mut query = Query::open(dirs.options(TimeMode::ProcessingTime), factory.clone()).unwrap();
+    let err = query.run_next(Some(10_000)).unwrap_err();
+    assert!(
+        matches!(&err, EngineError::Processor(e) if matches!(&e.kind, CallErrorKind::Failed(m) if m == "told to fail")),
+        "{err:?}"
+    );
+    // Nothing of the batch is visible: no commit, no output.
+    assert!(query.head().is_none());
+    assert!(dirs.output().is_empty());
+
+    // The plan was withdrawn, so the input is planned again, at the new time; the writes of
+    // the failed attempt were rolled back: the new run sees no `seen`.
+    fail.store(RUN, Ordering::Relaxed);
+    let report = query.run_next(Some(20_000)).unwrap().expect("batch 0");
+    assert_eq!(report.commit.batch_id, 0);
+    assert_eq!(report.commit.timestamp_ms, 20_000);
+    assert_eq!(report.commit.output_rows, 2);
+    let out = dirs.output();
+    assert_eq!(out.len(), 2, "{out:?}");
+    assert!(out.iter().all(|r| r["seen"].is_null()), "{out:?}");
+}
+
+#[test]
+fn a_batch_that_died_mid_run_is_rerun_from_its_durable_plan() {
+    let dirs = Dirs::new();
+    dirs.add_input("0.jsonl", &["a", "b"]);
+    let fail = Arc::new(AtomicU8::new(PANIC));
+    let factory = Arc::new(Reminder::new(fail.clone()));
+    let opts = dirs.options(TimeMode::ProcessingTime);
+    let died = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut query = Query::open(opts.clone(), factory.clone()).unwrap();
+        let _ = query.run_next(Some(10_000));
+    }));
+    assert!(died.is_err(), "the processor panicked mid-batch");
+    assert!(dirs.output().is_empty());
+
+    // A new run re-runs batch 0 exactly as planned, at the planned time, not the one asked
+    // for; nothing of the dead attempt is in its state.
+    fail.store(RUN, Ordering::Relaxed);
+    let mut query = Query::open(opts, factory).unwrap();
+    let report = query
+        .run_next(Some(99_000))
+        .unwrap()
+        .expect("the pending batch");
+    assert_eq!(report.commit.batch_id, 0);
+    assert_eq!(report.commit.timestamp_ms, 10_000);
+    let out = dirs.output();
+    assert_eq!(out.len(), 2, "{out:?}");
+    assert!(out.iter().all(|r| r["seen"].is_null()), "{out:?}");
+    // The plan is consumed by the commit: the next run has nothing to do.
+    assert!(query.run_next(Some(99_000)).unwrap().is_none());
+}
+
+#[test]
+fn timers_fire_at_the_batch_clock_once_and_are_deleted() {
+    let dirs = Dirs::new();
+    dirs.add_input("0.jsonl", &["a"]);
+    let factory = Arc::new(Reminder::new(Arc::new(AtomicU8::new(RUN))));
+    let mut query = Query::open(dirs.options(TimeMode::ProcessingTime), factory).unwrap();
+    query.run_next(Some(1_000)).unwrap().unwrap();
+    // Not yet due: the timer is at 2000.
+    let early = query.run_no_data(Some(1_999)).unwrap();
+    assert_eq!(early.commit.timers_fired, 0);
+    let due = query.run_no_data(Some(2_000)).unwrap();
+    assert_eq!(due.commit.timers_fired, 1);
+    let again = query.run_no_data(Some(5_000)).unwrap();
+    assert_eq!(again.commit.timers_fired, 0, "a fired timer is deleted");
+    let fired: Vec<Value> = dirs
+        .output()
+        .into_iter()
+        .filter(|r| r.get("fired").is_some())
+        .collect();
+    assert_eq!(fired, [json!({"key": "[\"a\"]", "fired": 2_000})]);
+    drop(query);
+    let mut timers = Vec::new();
+    StateReader::open(&dirs.checkpoint)
+        .unwrap()
+        .read_timers(|t| {
+            timers.push(t);
+            Ok(())
+        })
+        .unwrap();
+    assert!(timers.is_empty(), "{timers:?}");
+}
+
+#[test]
+fn ttl_hides_expired_state_from_the_processor_and_cleanup_removes_it() {
+    let dirs = Dirs::new();
+    dirs.add_input("0.jsonl", &["a", "b"]);
+    let factory = Arc::new(Reminder::new(Arc::new(AtomicU8::new(RUN))));
+    let mut query = Query::open(dirs.options(TimeMode::ProcessingTime), factory).unwrap();
+    query.run_next(Some(1_000)).unwrap().unwrap();
+    // Within its life `a` is seen; `b`'s value expires at 2000 and is removed then.
+    dirs.add_input("1.jsonl", &["a"]);
+    let report = query.run_next(Some(1_500)).unwrap().unwrap();
+    assert_eq!(report.commit.ttl_removed, 0);
+    // At 3000 `a`'s value (rewritten at 1500, expiring at 2500) is expired: the processor
+    // must not see it, although cleanup has not run yet in this batch.
+    dirs.add_input("2.jsonl", &["a"]);
+    let report = query.run_next(Some(3_000)).unwrap().unwrap();
+    // `b`'s value (expired at 2000) is cleaned up; `a` was just rewritten.
+    assert_eq!(report.commit.ttl_removed, 1);
+    let seen: Vec<Value> = dirs
+        .output()
+        .into_iter()
+        .filter(|r| r["key"] == "[\"a\"]" && r.get("seen").is_some())
+        .map(|r| r["seen"].clone())
+        .collect();
+    assert_eq!(seen, [Value::Null, json!(1), Value::Null]);
+    drop(query);
+    let rows = state(&dirs.checkpoint, "seen");
+    assert_eq!(rows.len(), 1, "only `a` is left: {rows:?}");
+}
