@@ -329,6 +329,45 @@ fn every_scenario_passes_with(args: &[&str]) {
     );
 }
 
+/// The restart mode really starts the query again between batches: every batch sees a new
+/// run id (a run is one `Query::open`), while the query id, kept in the checkpoint, stays.
+/// Without the mode all batches share one run.
+#[test]
+fn a_restart_after_every_batch_starts_a_new_run_each_batch() {
+    let row = serde_json::json!({"k": "a", "action": "query-info"});
+    let scenario = serde_json::json!({
+        "processor": statebox_tests::guests::MISBEHAVE,
+        "key": ["k"],
+        "steps": [{"batch": [row]}, {"batch": [row]}, {"batch": [row]}],
+    });
+    let dir = tempfile::tempdir().expect("create a temporary directory");
+    // (query id, run id) of each batch.
+    let ids = |args: &[&str]| -> Vec<(String, String)> {
+        let output = run_scenario_with(dir.path(), "query-info.json", &scenario, args);
+        assert!(output.status.success(), "{}", describe(&output));
+        let runs = bless::StepRun::parse_all(&String::from_utf8_lossy(&output.stdout))
+            .unwrap_or_else(|e| panic!("{e}\n{}", describe(&output)));
+        runs.iter()
+            .map(|run| {
+                let detail = run.emitted[0]["detail"].as_str().expect("a detail");
+                let (query, run) = detail.split_once(' ').expect("query id and run id");
+                (query.to_owned(), run.to_owned())
+            })
+            .collect()
+    };
+    let plain = ids(&["--json"]);
+    let restarted = ids(&["--json", "--restart-every-batch"]);
+    assert_eq!(plain.len(), 3);
+    assert!(plain.iter().all(|ids| *ids == plain[0]), "{plain:?}");
+    assert_eq!(restarted.len(), 3);
+    assert!(
+        restarted.iter().all(|(query, _)| *query == restarted[0].0),
+        "{restarted:?}"
+    );
+    let runs: std::collections::BTreeSet<&String> = restarted.iter().map(|(_, r)| r).collect();
+    assert_eq!(runs.len(), 3, "a run id per batch: {restarted:?}");
+}
+
 /// The restarts `statebox test --restart-every-batch` reports on its last line.
 fn restarts(stdout: &str) -> Option<usize> {
     let line = stdout.lines().last()?;
