@@ -27,6 +27,12 @@ struct JobArgs {
     /// Print the `statebox run` command the script amounts to, and stop.
     #[arg(long)]
     print_plan: bool,
+    /// An environment variable for the script, `NAME=VALUE` (repeatable): set while the
+    /// script is read and given to its processor's build. The script also sees this
+    /// process's environment, as `python job.py` would; the variables it reads are given
+    /// to the build (see `statebox build-python --env`).
+    #[arg(long = "env", value_name = "NAME=VALUE")]
+    env: Vec<String>,
     /// Everything else is passed to `statebox run` (sandbox limits, `--allow-http`,
     /// `--progress-json`, ...).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -39,6 +45,10 @@ struct Recorded {
     error: Option<String>,
     #[serde(default)]
     queries: Vec<RecordedQuery>,
+    /// The environment variables the script read (and were set): the processor's build is
+    /// given them, so the file sees the same values inside the sandbox.
+    #[serde(default)]
+    env: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Deserialize)]
@@ -100,8 +110,21 @@ pub(crate) fn run(args: &[OsString]) -> anyhow::Result<()> {
     );
     let script = std::fs::canonicalize(&job.script)
         .with_context(|| format!("cannot read the job script {}", job.script.display()))?;
-    let query = record(&script)?;
-    let (argv, console) = plan(&script, &query)?;
+    let mut given = Vec::new();
+    for item in &job.env {
+        let Some((name, value)) = item.split_once('=') else {
+            bail!("--env {item:?}: expected NAME=VALUE");
+        };
+        given.push((name.to_owned(), value.to_owned()));
+    }
+    let (query, read) = record(&script, &given)?;
+    // The build is given what the script read, and what --env set.
+    let env: Vec<String> = read
+        .into_iter()
+        .chain(given)
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let (argv, console) = plan(&script, &query, &env)?;
     // The plan is a command line `statebox run` takes as it is.
     crate::Cli::try_parse_from(&argv)
         .map_err(|e| anyhow::anyhow!("the job's plan is not a valid statebox run command: {e}"))?;
@@ -128,8 +151,12 @@ pub(crate) fn run(args: &[OsString]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs the script with the recording stand-in and returns its one query.
-fn record(script: &Path) -> anyhow::Result<RecordedQuery> {
+/// Runs the script with the recording stand-in (with the `env` variables set) and returns
+/// its one query and the environment variables it read.
+fn record(
+    script: &Path,
+    env: &[(String, String)],
+) -> anyhow::Result<(RecordedQuery, std::collections::BTreeMap<String, String>)> {
     let sdk = crate::python::sdk_dir()?;
     let python = std::env::var_os("STATEBOX_PYTHON").unwrap_or_else(|| "python3".into());
     let dir = script.parent().unwrap_or(Path::new("."));
@@ -138,6 +165,7 @@ fn record(script: &Path) -> anyhow::Result<RecordedQuery> {
         .arg(script)
         .env("PYTHONPATH", sdk.join("src"))
         .env("PYTHONDONTWRITEBYTECODE", "1")
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .current_dir(std::env::current_dir().unwrap_or_else(|_| dir.to_owned()))
         .output()
         .with_context(|| {
@@ -172,7 +200,7 @@ fn record(script: &Path) -> anyhow::Result<RecordedQuery> {
             second.start_at
         );
     }
-    Ok(query)
+    Ok((query, recorded.env))
 }
 
 fn option(options: &serde_json::Map<String, Value>, name: &str) -> Option<String> {
@@ -187,7 +215,11 @@ fn option(options: &serde_json::Map<String, Value>, name: &str) -> Option<String
 
 /// The `statebox run` command line the query amounts to, and the output file to print for
 /// a console sink.
-fn plan(script: &Path, q: &RecordedQuery) -> anyhow::Result<(Vec<OsString>, Option<PathBuf>)> {
+fn plan(
+    script: &Path,
+    q: &RecordedQuery,
+    env: &[String],
+) -> anyhow::Result<(Vec<OsString>, Option<PathBuf>)> {
     let mut argv: Vec<OsString> = vec!["statebox".into(), "run".into()];
     let mut arg = |flag: &str, value: &str| {
         argv.push(flag.into());
@@ -217,6 +249,7 @@ fn plan(script: &Path, q: &RecordedQuery) -> anyhow::Result<(Vec<OsString>, Opti
         output_schema: Some(q.output_schema.clone()),
         input_schema: q.source.schema.clone(),
         output_event_time_column: q.event_time_column.clone(),
+        env: env.to_vec(),
         ..Default::default()
     };
     let wasm = crate::python::build(script, &options)?;

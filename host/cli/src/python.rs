@@ -64,6 +64,15 @@ pub(crate) struct PythonOptions {
     /// anyway; see the SDK's README for the measured difference).
     #[arg(long)]
     pub(crate) stub_wasi: bool,
+    /// An environment variable the processor file may read (`os.environ["NAME"]`,
+    /// `os.getenv`): `NAME=VALUE`, or `NAME` to take this process's value. Repeatable. The
+    /// file runs at build time, so the value is built into the component (do not pass
+    /// secrets you would not store in it); the file sees no other variable, and reading
+    /// one it was not given fails the build with its file and line. `STATEBOX_PYTHON_ENV`
+    /// (names, comma-separated) adds variables from this process's environment to every
+    /// Python build, e.g. for `statebox run --processor processor.py`.
+    #[arg(long = "env", value_name = "NAME[=VALUE]")]
+    pub(crate) env: Vec<String>,
     /// Build the SDK's `TwsTester` hook in (`statebox tws-driver` only): a row carrying
     /// `__statebox_tws` writes state instead of reaching the processor.
     #[arg(skip)]
@@ -176,6 +185,47 @@ fn py_opt(s: Option<&str>) -> String {
     s.map_or_else(|| "None".to_owned(), py_str)
 }
 
+/// A Python dict literal of string pairs.
+fn py_dict(pairs: &[(String, String)]) -> String {
+    let items: Vec<String> = pairs
+        .iter()
+        .map(|(k, v)| format!("{}: {}", py_str(k), py_str(v)))
+        .collect();
+    format!("{{{}}}", items.join(", "))
+}
+
+/// The variables a build passes to the processor file: each `--env NAME=VALUE` or `--env
+/// NAME` (this process's value), then the names `STATEBOX_PYTHON_ENV` lists; sorted by
+/// name, so that the build cache sees the same entry module for the same variables.
+fn build_env(given: &[String]) -> anyhow::Result<Vec<(String, String)>> {
+    let listed = std::env::var("STATEBOX_PYTHON_ENV").unwrap_or_default();
+    let mut out = std::collections::BTreeMap::new();
+    let from_list = listed
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(|n| (n, "STATEBOX_PYTHON_ENV"));
+    for (item, origin) in given.iter().map(|g| (g.as_str(), "--env")).chain(from_list) {
+        let (name, value) = match item.split_once('=') {
+            Some((name, value)) => (name, value.to_owned()),
+            None => {
+                let value = std::env::var(item).map_err(|_| {
+                    anyhow::anyhow!(
+                        "{origin} {item}: {item} is not set in the environment (pass \
+                         --env {item}=VALUE to give its value)"
+                    )
+                })?;
+                (item, value)
+            }
+        };
+        if name.is_empty() || name.contains(['\0', '=']) {
+            bail!("{origin} {item:?}: expected NAME=VALUE or NAME");
+        }
+        out.entry(name.to_owned()).or_insert(value);
+    }
+    Ok(out.into_iter().collect())
+}
+
 /// Builds `source` (a Python processor file) into a component, or finds it in the build
 /// cache, and returns the component's path.
 pub(crate) fn build(source: &Path, options: &PythonOptions) -> anyhow::Result<PathBuf> {
@@ -186,6 +236,7 @@ pub(crate) fn build(source: &Path, options: &PythonOptions) -> anyhow::Result<Pa
     let sdk = sdk_dir()?;
     let wit = wit_dir()?;
     let display = source.display().to_string();
+    let env = build_env(&options.env)?;
     let stem = source
         .file_stem()
         .and_then(|s| s.to_str())
@@ -207,7 +258,8 @@ pub(crate) fn build(source: &Path, options: &PythonOptions) -> anyhow::Result<Pa
              output_schema={output_schema},\n    \
              input_schema={input_schema},\n    \
              output_event_time_column={event_time},\n    \
-             tws_driver={tws_driver},\n\
+             tws_driver={tws_driver},\n    \
+             env={env},\n\
          )\n",
         display = py_str(&display),
         module = py_str(&stem),
@@ -217,6 +269,7 @@ pub(crate) fn build(source: &Path, options: &PythonOptions) -> anyhow::Result<Pa
         input_schema = py_opt(options.input_schema.as_deref()),
         event_time = py_opt(options.output_event_time_column.as_deref()),
         tws_driver = if options.tws_driver { "True" } else { "False" },
+        env = py_dict(&env),
     );
 
     let setup = sdk.join("setup.sh");

@@ -16,7 +16,7 @@ import sys
 import traceback
 import types as _types
 
-from . import _checks, _codec
+from . import _checks, _codec, _env
 from ._host import HostError, handle_module
 from .aio import (
     AsyncStatefulProcessor,
@@ -91,12 +91,19 @@ def load_module(source_path, display_path, module_name):
     module.__file__ = display_path
     module.__statebox_code__ = code
     # A notebook's predefined `spark`: the recording stand-in of a job script.
-    from ._job import SparkSession
+    from ._job import SparkSession, UnsupportedCall
 
     module.__dict__["spark"] = SparkSession.getActiveSession()
     sys.modules[module_name] = module
     try:
         exec(code, module.__dict__)
+    except UnsupportedCall as e:
+        # A PySpark call the stand-in does not provide, made at module level: its message
+        # starts with the file and line.
+        raise ProcessorDefinitionError(str(e)) from None
+    except _env.MissingEnvironmentVariable as e:
+        line = _checks.line_in(e.__traceback__, display_path)
+        raise ProcessorDefinitionError(f"{display_path}:{line}: {e}") from None
     except ImportError as e:
         line = _checks.line_in(e.__traceback__, display_path)
         raise ProcessorDefinitionError(
@@ -183,7 +190,9 @@ def check_processor(cls, display_path):
         except TypeError:
             raise ProcessorDefinitionError(
                 f"{where}: {cls.__name__}.{name}{sig} cannot be called as "
-                f"{name}(self{''.join(', ' + p for p in params)})"
+                f"{name}(self{''.join(', ' + p for p in params)}): Spark and Statebox "
+                f"call it with these arguments, so declare them all (PySpark would fail "
+                f"the same way, when the first batch calls it)"
             ) from None
         coroutine = inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
         if is_async and not coroutine:
@@ -407,6 +416,7 @@ def export(
     input_schema=None,
     output_event_time_column=None,
     tws_driver=False,
+    env=None,
 ):
     """Loads the user's processor and returns the classes implementing the component's
     exports: ``(Processor, BatchProcessor)``, for the ``processor`` interface (``describe``,
@@ -446,6 +456,10 @@ def export(
 
     asyncio.gather = _aio.gather
 
+    # The file sees the variables the build was given, at build time and (from the
+    # snapshot) at run time. (`env` is None only when the SDK's own tests call this.)
+    if env is not None:
+        _env.install(env)
     module = load_module(source_path, display_path, module_name)
     found = find_processor(module, display_path, class_name)
     cls = found if isinstance(found, type) else type(found)
@@ -567,6 +581,8 @@ def export(
                 return info
 
             def init(self, time_mode):
+                _env.restore()
+
                 def make():
                     proc = found() if isinstance(found, type) else found
                     handle = StatefulProcessorHandle(handle_module(), time_modes[time_mode])
@@ -662,6 +678,7 @@ def export(
             return info
 
         def init(self, time_mode):
+            _env.restore()
             try:
                 proc = found() if isinstance(found, type) else found
                 handle = StatefulProcessorHandle(handle_module(), time_modes[time_mode])

@@ -29,6 +29,26 @@ class UnsupportedCall(Exception):
     ``file:line:``."""
 
 
+class SparkFunction:
+    """A ``pyspark.sql.functions`` function Statebox does not provide. Importing it works (a
+    pasted file often imports more than it uses, as PySpark's own examples import ``split``
+    without calling it); calling it stops the job script, or fails the build, with the
+    caller's file and line, and a handler that uses it fails the build (``_checks``)."""
+
+    def __init__(self, name):
+        self.__name__ = name
+
+    def __call__(self, *args, **kwargs):
+        raise UnsupportedCall(
+            f"{_caller()}: pyspark.sql.functions.{self.__name__} is not supported by "
+            f"Statebox: a job script's query may use col and from_json, and a processor "
+            f"runs its rows in Python without Spark's column functions"
+        )
+
+    def __repr__(self):
+        return f"<pyspark.sql.functions.{self.__name__}: not provided by Statebox>"
+
+
 def _caller():
     """``file:line`` of the innermost frame outside this module (the script's call)."""
     for frame in inspect.stack()[2:]:
@@ -581,11 +601,15 @@ column = col
 def record_script(path):
     """Runs the job script at ``path`` with the recording stand-in and returns what it
     recorded: ``{"conf": {...}, "queries": [...]}``."""
+    from . import _env
     from ._component import load_module
 
     display = os.path.abspath(path)
+    environ = _env.record_reads()
     load_module(display, display, "__statebox_job__")
-    return _RECORD
+    # The variables the script read go to the build of its processor, which runs the file
+    # again inside the sandbox (where it sees only what the build is given).
+    return dict(_RECORD, env=environ.variables_read())
 
 
 def main(argv):
