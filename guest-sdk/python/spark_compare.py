@@ -42,6 +42,7 @@ import importlib.util
 import inspect
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -290,7 +291,7 @@ def run_statebox(statebox, processor_file, files, keys, time_mode, output_mode, 
 def _copy_job(fixture, work):
     work.mkdir()
     for item in fixture.iterdir():
-        if item.name in ("expected.jsonl", "output", "checkpoint", "__pycache__"):
+        if item.name in ("expected.jsonl", "expected-error.txt", "output", "checkpoint", "__pycache__"):
             continue
         if item.is_dir():
             shutil.copytree(item, work / item.name)
@@ -304,11 +305,39 @@ def _copy_job(fixture, work):
     return len(inputs)
 
 
+def job_error(text):
+    """A failed job's Python error as ``job.py:LINE: Type: message``: the job script's last
+    frame in the traceback and the exception line after it (PySpark prints the worker's
+    traceback inside the Java exception, Statebox in its error), or None."""
+    lines = text.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        m = re.match(r'\s*File "[^"]*job\.py", line (\d+)', lines[i])
+        if not m:
+            continue
+        for after in lines[i + 1 :]:
+            e = re.match(r"([A-Za-z_][\w.]*(?:Error|Exception)): (.*)", after)
+            if e:
+                return f"job.py:{m.group(1)}: {e.group(1)}: {e.group(2)}"
+        return None
+    return None
+
+
+class JobFailed(Exception):
+    """The job script failed, with ``job_error``'s summary of why."""
+
+
 def run_spark_job(fixture, work):
     """Runs the job script on PySpark; returns its output rows per batch id."""
     count = _copy_job(fixture, work)
     env = dict(os.environ, TZ="UTC", PYSPARK_PYTHON=sys.executable)
-    subprocess.run([sys.executable, "job.py"], cwd=work, env=env, check=True)
+    done = subprocess.run(
+        [sys.executable, "job.py"], cwd=work, env=env, capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        error = job_error(done.stdout + done.stderr)
+        if error is None:
+            sys.exit(f"PySpark failed to run the job:\n{done.stderr}")
+        raise JobFailed(error)
     out = work / "output"
     batches = {}
     for log in sorted((out / "_spark_metadata").iterdir(), key=lambda p: p.name):
@@ -326,8 +355,13 @@ def run_statebox_job(statebox, fixture, work):
     _copy_job(fixture, work)
     result = subprocess.run(
         [statebox, "run", "job.py", "--progress-json"],
-        cwd=work, check=True, capture_output=True, text=True,
+        cwd=work, capture_output=True, text=True,
     )
+    if result.returncode != 0:
+        error = job_error(result.stderr)
+        if error is None:
+            sys.exit(f"Statebox failed to run the job:\n{result.stderr}")
+        raise JobFailed(error)
     commits = [json.loads(l) for l in result.stdout.splitlines() if l.startswith("{")]
     files = sorted((work / "output").glob("*.json"))
     rows = [json.loads(l) for f in files for l in f.read_text().splitlines() if l.strip()]
@@ -342,7 +376,26 @@ def run_statebox_job(statebox, fixture, work):
 def job_main(args):
     fixture = args.job.resolve()
     with tempfile.TemporaryDirectory(prefix="spark-compare-job-") as tmp:
-        spark, _ = run_spark_job(fixture, Path(tmp) / "spark")
+        try:
+            spark, _ = run_spark_job(fixture, Path(tmp) / "spark")
+        except JobFailed as e:
+            # A published example that fails on PySpark: the comparison is that Statebox
+            # fails at the same line with the same error (expected-error.txt).
+            print(f"PySpark: {e}")
+            if args.write_expected:
+                (fixture / "expected-error.txt").write_text(f"{e}\n")
+                print(f"wrote PySpark's error to {fixture / 'expected-error.txt'}")
+            if args.spark_only:
+                return
+            try:
+                run_statebox_job(args.statebox, fixture, Path(tmp) / "statebox")
+            except JobFailed as f:
+                print(f"Statebox: {f}")
+                if str(f) != str(e):
+                    sys.exit("the errors differ")
+                print("both fail the same way")
+                return
+            sys.exit("Statebox ran the job PySpark failed")
         if args.write_expected:
             with open(fixture / "expected.jsonl", "w") as f:
                 for i in sorted(spark):

@@ -311,14 +311,28 @@ fn what_the_sandbox_cannot_run_fails_the_build_with_file_line_and_what_to_do() {
         2,
         &["pandas needs native code", "row-based API"],
     );
-    // A PySpark API the stand-in does not have.
+    // A PySpark module the stand-in does not have.
     assert_refused(
-        &format!("from pyspark.sql.functions import udf\n{PROCESSOR}"),
+        &format!("from pyspark.ml import Pipeline\n{PROCESSOR}"),
         1,
-        &[
-            "pyspark.sql.functions",
-            "not part of Statebox's PySpark stand-in",
-        ],
+        &["pyspark.ml", "not part of Statebox's PySpark stand-in"],
+    );
+    // A Spark column function: importing it works (pasted files import more than they
+    // use), calling it at module level or using it in a handler fails the build.
+    assert_refused(
+        &format!(
+            "from pyspark.sql.functions import udf\nshout = udf(lambda s: s.upper())\n{PROCESSOR}"
+        ),
+        2,
+        &["pyspark.sql.functions.udf is not supported by Statebox"],
+    );
+    assert_refused(
+        &format!(
+            "from pyspark.sql.functions import lit\n{}",
+            PROCESSOR.replace("n=1)", "n=lit(1))")
+        ),
+        10,
+        &["P.handleInputRows uses 'lit'", "sandbox without Spark"],
     );
     // A third-party module that is not installed in the sandbox.
     assert_refused(
@@ -675,5 +689,234 @@ fn a_kafka_job_maps_to_the_clis_kafka_flags_and_runs_against_a_broker() {
         !stderr.contains("building Python processor"),
         "{}",
         text(&refused)
+    );
+}
+
+/// The row-based example of Spark's transformWithState guide (`DownTimeDetector`, pasted
+/// byte-for-byte into `docs-downtime/job.py` with the query the guide shows) fails on
+/// PySpark 4.3 in its first batch: it compares the naive `datetime.fromtimestamp(0)` with
+/// the aware timestamps PySpark hands over. Statebox runs the same file and fails the same
+/// way, at the same line, with the same Python error (`expected-error.txt`, written by
+/// `spark_compare.py --job ... --write-expected` from the PySpark run).
+#[test]
+fn the_spark_guides_downtime_detector_fails_at_the_same_line_as_on_pyspark() {
+    let fixture = fixtures().join("docs-downtime");
+    let expected =
+        std::fs::read_to_string(fixture.join("expected-error.txt")).expect("expected-error.txt");
+    // "job.py:54: TypeError: can't compare ..."
+    let (line, error) = expected
+        .trim()
+        .strip_prefix("job.py:")
+        .and_then(|rest| rest.split_once(": "))
+        .expect("job.py:LINE: ERROR");
+    let work = tempfile::tempdir().expect("create a temporary directory");
+    copy_tree(&fixture.join("input"), &work.path().join("input"));
+    let source = std::fs::read_to_string(fixture.join("job.py")).expect("job.py");
+    let job = job_file(&source);
+    let run = run_job(work.path(), &job, &[]);
+    assert!(!run.status.success(), "{}", text(&run));
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    let at = format!("{}\", line {line}, in handleInputRows", job.display());
+    assert!(stderr.contains(&at), "expected `{at}`:\n{}", text(&run));
+    assert!(
+        stderr.contains(error),
+        "expected `{error}`:\n{}",
+        text(&run)
+    );
+}
+
+/// The row-based example of PySpark's `GroupedData.transformWithState` docstring, pasted
+/// as published (`docs-violations/processor.py`): its `handleInputRows(self, key, rows)`
+/// lacks `timerValues`, which PySpark 4.3 reports only when the first batch calls it.
+/// Statebox refuses it when it is built, with the file, the method's line and what to do.
+#[test]
+fn pysparks_docstring_example_is_refused_at_build_time_naming_the_method() {
+    let file = fixtures()
+        .join("docs-violations/processor.py")
+        .canonicalize()
+        .expect("the fixture");
+    let line = std::fs::read_to_string(&file)
+        .expect("processor.py")
+        .lines()
+        .position(|l| l.contains("def handleInputRows(self, key, rows):"))
+        .expect("the method")
+        + 1;
+    let work = tempfile::tempdir().expect("create a temporary directory");
+    let out = Command::new(statebox_bin())
+        .arg("build-python")
+        .arg(&file)
+        .arg("-o")
+        .arg(work.path().join("p.wasm"))
+        .env("STATEBOX_CACHE_DIR", component_cache())
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn statebox");
+    assert!(!out.status.success(), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let at = format!(
+        "{}:{line}: SimpleStatefulProcessor.handleInputRows(self, key, rows) cannot be called \
+         as handleInputRows(self, key, rows, timerValues)",
+        file.display()
+    );
+    assert!(stderr.contains(&at), "expected `{at}`:\n{}", text(&out));
+    assert!(stderr.contains("declare them all"), "{}", text(&out));
+}
+
+const ENV_PROCESSOR: &str = "import os\n\
+from pyspark.sql import Row\n\
+from pyspark.sql.streaming import StatefulProcessor\n\
+OUTPUT_SCHEMA = \"id string, greeting string, later string, optional string\"\n\
+GREETING = os.environ[\"GREETING\"]\n\
+class P(StatefulProcessor):\n    def init(self, handle):\n        pass\n\n    def handleInputRows(self, key, rows, timerValues):\n        yield Row(id=key[0], greeting=GREETING, later=os.environ[\"GREETING\"], optional=os.getenv(\"NOT_GIVEN\", \"default\"))\n";
+
+/// `statebox run --processor FILE` over one row, with `env` set; returns the run and the
+/// rows it wrote.
+fn run_env_processor(file: &Path, env: &[(&str, &str)]) -> (Output, Vec<Value>) {
+    let work = tempfile::tempdir().expect("create a temporary directory");
+    let input = work.path().join("input");
+    std::fs::create_dir(&input).expect("create input/");
+    std::fs::write(input.join("1.jsonl"), "{\"id\": \"a\"}\n").expect("write input");
+    let output = work.path().join("out.jsonl");
+    let run = Command::new(statebox_bin())
+        .arg("run")
+        .arg("--processor")
+        .arg(file)
+        .arg("--input")
+        .arg(&input)
+        .arg("--output")
+        .arg(&output)
+        .arg("--checkpoint")
+        .arg(work.path().join("checkpoint"))
+        .args(["--key", "id"])
+        .env_remove("STATEBOX_PYTHON_ENV")
+        .envs(env.iter().copied())
+        .env("STATEBOX_CACHE_DIR", component_cache())
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn statebox");
+    let rows = parse_jsonl(&std::fs::read(&output).unwrap_or_default());
+    (run, rows)
+}
+
+/// A processor file that reads `os.environ["X"]` at module level (it runs at build time):
+/// the build gives it exactly the variables passed (`--env NAME=VALUE`, `--env NAME`,
+/// `STATEBOX_PYTHON_ENV`), handlers see the same values at run time, `os.getenv` of one
+/// not given is its default, and a missing one fails the build with the file, the line,
+/// the variable and the flag to pass.
+#[test]
+fn module_level_environment_variables_are_the_ones_the_build_is_given() {
+    let (dir, file, out) = build(ENV_PROCESSOR);
+    assert!(!out.status.success(), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let at = format!(
+        "{}:5: the environment variable GREETING is not set for this processor",
+        file.display()
+    );
+    assert!(stderr.contains(&at), "expected `{at}`:\n{}", text(&out));
+    assert!(stderr.contains("--env GREETING=VALUE"), "{}", text(&out));
+
+    // --env NAME=VALUE on build-python.
+    let wasm = dir.path().join("given.wasm");
+    let out = Command::new(statebox_bin())
+        .arg("build-python")
+        .arg(&file)
+        .args(["--env", "GREETING=hello"])
+        .arg("-o")
+        .arg(&wasm)
+        .env("STATEBOX_CACHE_DIR", component_cache())
+        .env_remove("STATEBOX_PYTHON_ENV")
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn statebox");
+    assert!(out.status.success(), "{}", text(&out));
+    // The value is in the component: the run's own environment does not change it.
+    let (run, rows) = run_env_processor(&wasm, &[("GREETING", "not this one")]);
+    assert!(run.status.success(), "{}", text(&run));
+    assert_eq!(
+        rows,
+        vec![
+            serde_json::json!({"id": "a", "greeting": "hello", "later": "hello", "optional": "default"})
+        ],
+        "{}",
+        text(&run)
+    );
+
+    // STATEBOX_PYTHON_ENV names variables to take from the environment, for a build that
+    // `statebox run --processor FILE.py` makes.
+    let (run, rows) = run_env_processor(
+        &file,
+        &[("GREETING", "hi"), ("STATEBOX_PYTHON_ENV", "GREETING")],
+    );
+    assert!(run.status.success(), "{}", text(&run));
+    assert_eq!(rows[0]["greeting"], "hi", "{}", text(&run));
+    assert_eq!(rows[0]["later"], "hi", "{}", text(&run));
+}
+
+/// A job script that reads its input folder from the environment: `statebox run job.py`
+/// reads the script with the caller's environment, as `python job.py` would, and its
+/// processor's build is given the variables the script read; without the variable the job
+/// stops with the script's file and line naming it.
+#[test]
+fn a_job_script_reads_the_environment_as_python_would() {
+    let work = tempfile::tempdir().expect("create a temporary directory");
+    let job = count_job_variant(
+        work.path(),
+        &[
+            (
+                "from typing import Iterator\n",
+                "import os\nfrom typing import Iterator\n",
+            ),
+            (".json(\"input\")", ".json(os.environ[\"COUNT_INPUT\"])"),
+        ],
+    );
+    let missing = run_job(work.path(), &job, &["--print-plan"]);
+    assert!(!missing.status.success(), "{}", text(&missing));
+    let line = std::fs::read_to_string(&job)
+        .expect("job.py")
+        .lines()
+        .position(|l| l.contains("COUNT_INPUT"))
+        .expect("the line")
+        + 1;
+    let at = format!(
+        "{}:{line}: the environment variable COUNT_INPUT is not set",
+        job.display()
+    );
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(stderr.contains(&at), "expected `{at}`:\n{}", text(&missing));
+
+    let run = run_job_with(
+        work.path(),
+        &job,
+        &["--progress-json"],
+        &[("COUNT_INPUT", "input")],
+    );
+    assert!(run.status.success(), "{}", text(&run));
+    let got = batches_of(
+        &run.stdout,
+        &work.path().join("output/part-00000-statebox.json"),
+    );
+    let want = expected_batches(&fixtures().join("count/expected.jsonl"));
+    assert_eq!(got.len(), want.len(), "{}", text(&run));
+    for (batch, rows) in &want {
+        assert!(
+            same_rows(rows, &got[batch]),
+            "batch {batch}: {:?}",
+            got[batch]
+        );
+    }
+
+    // --env after the script works the same.
+    let again = tempfile::tempdir().expect("create a temporary directory");
+    copy_tree(&fixtures().join("count/input"), &again.path().join("in2"));
+    let plan = run_job(
+        again.path(),
+        &job,
+        &["--env", "COUNT_INPUT=in2", "--print-plan"],
+    );
+    assert!(plan.status.success(), "{}", text(&plan));
+    assert!(
+        String::from_utf8_lossy(&plan.stdout).contains("--input in2"),
+        "{}",
+        text(&plan)
     );
 }
