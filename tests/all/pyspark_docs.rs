@@ -533,6 +533,29 @@ fn a_job_with_the_console_sink_prints_its_rows() {
     let printed: Vec<Value> = parse_jsonl(&run.stdout);
     let want = all_rows(&expected_batches(&fixtures().join("count/expected.jsonl")));
     assert!(same_rows(&want, &printed), "{}", text(&run));
+
+    // Without a checkpoint location (Spark allows it for the console sink), the checkpoint
+    // goes to a fresh temporary directory whose name cannot be guessed ahead.
+    let work = tempfile::tempdir().expect("create a temporary directory");
+    let job = count_job_variant(
+        work.path(),
+        &[
+            (
+                ".writeStream.format(\"json\")",
+                ".writeStream.format(\"console\")",
+            ),
+            (".option(\"checkpointLocation\", \"checkpoint\")", ""),
+            (".start(\"output\")", ".start()"),
+        ],
+    );
+    let run = run_job(work.path(), &job, &[]);
+    assert!(run.status.success(), "{}", text(&run));
+    assert!(
+        same_rows(&want, &parse_jsonl(&run.stdout)),
+        "{}",
+        text(&run)
+    );
+    assert!(!work.path().join("checkpoint").exists());
 }
 
 /// `writeStream.format("memory").queryName(...)`: the rows are kept beside the checkpoint

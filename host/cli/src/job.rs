@@ -147,6 +147,13 @@ pub(crate) fn run(args: &[OsString]) -> anyhow::Result<()> {
         // The console sink: print what the query emitted.
         let text = std::fs::read_to_string(&output).unwrap_or_default();
         print!("{text}");
+        // Without a checkpoint location the run's directory was a temporary one, of no use
+        // once its rows are printed (Spark removes such a checkpoint at the end too).
+        if option(&query.sink.options, "checkpointLocation").is_none()
+            && let Some(dir) = output.parent()
+        {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
     Ok(())
 }
@@ -329,10 +336,19 @@ fn plan(
         }
         "console" | "memory" => {
             let dir = match &checkpoint {
-                Some(c) => PathBuf::from(c),
-                None => std::env::temp_dir().join(format!("statebox-job-{}", std::process::id())),
+                Some(c) => {
+                    std::fs::create_dir_all(c)?;
+                    PathBuf::from(c)
+                }
+                // A fresh directory of the user's alone, with a name no one can guess ahead
+                // (a predictable one in /tmp could be planted by another user); it stays
+                // after the run, as the output it holds is the run's result.
+                None => tempfile::Builder::new()
+                    .prefix("statebox-job-")
+                    .tempdir()
+                    .context("cannot create a temporary directory for the job's output")?
+                    .keep(),
             };
-            std::fs::create_dir_all(&dir)?;
             let file = dir.join(format!("{}-output.jsonl", q.sink.format));
             if q.sink.format == "console" {
                 console = Some(file.clone());
