@@ -517,45 +517,30 @@ fn an_event_time_job_with_watermark_and_initial_state_gives_pysparks_output() {
 /// `writeStream.format("console")`: the query's rows are printed on standard output.
 #[test]
 fn a_job_with_the_console_sink_prints_its_rows() {
-    let work = tempfile::tempdir().expect("create a temporary directory");
-    let job = count_job_variant(
-        work.path(),
-        &[
-            (
-                ".writeStream.format(\"json\")",
-                ".writeStream.format(\"console\")",
-            ),
-            (".start(\"output\")", ".start()"),
-        ],
-    );
-    let run = run_job(work.path(), &job, &[]);
-    assert!(run.status.success(), "{}", text(&run));
-    let printed: Vec<Value> = parse_jsonl(&run.stdout);
     let want = all_rows(&expected_batches(&fixtures().join("count/expected.jsonl")));
-    assert!(same_rows(&want, &printed), "{}", text(&run));
-
-    // Without a checkpoint location (Spark allows it for the console sink), the checkpoint
-    // goes to a fresh temporary directory whose name cannot be guessed ahead.
-    let work = tempfile::tempdir().expect("create a temporary directory");
-    let job = count_job_variant(
-        work.path(),
-        &[
-            (
-                ".writeStream.format(\"json\")",
-                ".writeStream.format(\"console\")",
-            ),
-            (".option(\"checkpointLocation\", \"checkpoint\")", ""),
-            (".start(\"output\")", ".start()"),
-        ],
+    let console = (
+        ".writeStream.format(\"json\")",
+        ".writeStream.format(\"console\")",
     );
-    let run = run_job(work.path(), &job, &[]);
-    assert!(run.status.success(), "{}", text(&run));
-    assert!(
-        same_rows(&want, &parse_jsonl(&run.stdout)),
-        "{}",
-        text(&run)
-    );
-    assert!(!work.path().join("checkpoint").exists());
+    let no_path = (".start(\"output\")", ".start()");
+    // With the job's checkpoint location, and without one (Spark allows that for the
+    // console sink): then the checkpoint goes to a fresh temporary directory whose name
+    // cannot be guessed ahead, not beside the job.
+    let no_checkpoint = (".option(\"checkpointLocation\", \"checkpoint\")", "");
+    for edits in [
+        vec![console, no_path],
+        vec![console, no_checkpoint, no_path],
+    ] {
+        let work = tempfile::tempdir().expect("create a temporary directory");
+        let job = count_job_variant(work.path(), &edits);
+        let run = run_job(work.path(), &job, &[]);
+        assert!(run.status.success(), "{}", text(&run));
+        let printed: Vec<Value> = parse_jsonl(&run.stdout);
+        assert!(same_rows(&want, &printed), "{}", text(&run));
+        if edits.contains(&no_checkpoint) {
+            assert!(!work.path().join("checkpoint").exists());
+        }
+    }
 }
 
 /// `writeStream.format("memory").queryName(...)`: the rows are kept beside the checkpoint
