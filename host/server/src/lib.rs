@@ -726,7 +726,11 @@ impl App {
             time_mode: Some(record.time_mode),
             max_files_per_batch: 64,
             max_bytes_per_batch: quotas.max_batch_bytes,
-            workers: Some(quotas.max_workers as usize),
+            // A cap, not a demand: never more threads than cores.
+            workers: Some(
+                (quotas.max_workers as usize)
+                    .min(std::thread::available_parallelism().map_or(1, |n| n.get())),
+            ),
             event_time: record.event_time.as_ref().map(|e| EventTimeOptions {
                 column: e.column.clone(),
                 watermark_delay_ms: e.watermark_delay_ms,

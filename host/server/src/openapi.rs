@@ -105,7 +105,7 @@ pub(crate) fn document() -> Value {
                     "output_bytes_per_call": {"type": "integer"}, "ingest_rows_per_s": {"type": "integer"},
                     "ingest_bytes_per_s": {"type": "integer", "description": "sustained ingest bytes per second (429 beyond)"},
                     "max_batch_bytes": {"type": "integer", "description": "input bytes one batch reads at most, cut at a line boundary"},
-                    "max_workers": {"type": "integer", "description": "threads one pipeline's batch runs its partitions on"},
+                    "max_workers": {"type": "integer", "description": "threads one pipeline's batch runs its partitions on at most (never more than the machine's cores)"},
                     "max_disk_bytes": {"type": "integer", "description": "bytes on disk over the tenant's pipelines (input, output, state) and processors (403 beyond)"},
                     "output_retention_bytes": {"type": "integer", "description": "committed output a pipeline keeps at most (default 1 GiB); older rows are dropped, whole segments at a time"},
                     "output_retention_ms": {"type": "integer", "description": "age after which committed output is dropped (default 7 days)"}

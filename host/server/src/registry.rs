@@ -48,8 +48,9 @@ pub struct Quotas {
     /// this is read whole), so a pipeline with a large backlog works through it in bounded
     /// memory, batch by batch.
     pub max_batch_bytes: u64,
-    /// Worker threads one pipeline's batch runs its partitions on, so one pipeline does
-    /// not hold every core.
+    /// Worker threads one pipeline's batch runs its partitions on at most, so one pipeline
+    /// does not hold every core (never more than the machine has cores: more threads than
+    /// cores only adds switching).
     pub max_workers: u32,
     /// Bytes on disk over all the tenant's pipelines (input log, output, state) and
     /// processors (components and their compiled artefacts): ingest and uploads that would
