@@ -38,7 +38,7 @@ pub use crate::config::{
     BatchPlan, CommitRecord, FileProgress, OutputMode, QueryConfig, TimeMode, VariableCounts,
 };
 pub use crate::endpoints::{BatchSink, RecordSource, SourceBatch, SourceText};
-use crate::input::{Origin, PartitionInput};
+use crate::input::PartitionInput;
 pub use crate::reader::StateReader;
 use crate::sink::Sink;
 pub use crate::source::{FileRange, FileSource};
@@ -1061,26 +1061,36 @@ impl Query {
         });
         let mut results: Vec<Option<partition::PartitionResult>> =
             (0..self.instances.len()).map(|_| None).collect();
-        let mut first_error: Option<(u16, CallError, Option<Origin>)> = None;
+        let mut first_error: Option<(u16, partition::Failure)> = None;
         for (p, instance, result) in finished.into_iter().flatten() {
             self.instances[p as usize] = instance.filter(|i| !i.is_poisoned());
             match result {
                 Ok(r) => results[p as usize] = Some(r),
-                Err((e, origin)) => {
-                    if first_error.as_ref().is_none_or(|(q, _, _)| p < *q) {
-                        first_error = Some((p, e, origin));
+                Err(failure) => {
+                    if first_error.as_ref().is_none_or(|(q, _)| p < *q) {
+                        first_error = Some((p, failure));
                     }
                 }
             }
         }
-        if let Some((_, e, origin)) = first_error {
-            return Err(match (&e.kind, origin) {
-                (CallErrorKind::BadInputRow { message, .. }, Some(origin)) => EngineError::Input {
-                    file: file_names[origin.file as usize].clone(),
-                    line: origin.line,
-                    message: format!("processor `{}` rejected the row: {message}", e.processor),
+        if let Some((_, failure)) = first_error {
+            return Err(match failure {
+                partition::Failure::Call(e, origin) => match (&e.kind, origin) {
+                    (CallErrorKind::BadInputRow { message, .. }, Some(origin)) => {
+                        EngineError::Input {
+                            file: file_names[origin.file as usize].clone(),
+                            line: origin.line,
+                            message: format!(
+                                "processor `{}` rejected the row: {message}",
+                                e.processor
+                            ),
+                        }
+                    }
+                    _ => EngineError::Processor(e),
                 },
-                _ => EngineError::Processor(e),
+                // The engine's own timer and TTL work on the store: not the processor's
+                // fault, so not reported as one of its calls.
+                partition::Failure::Store(e) => EngineError::Store(e),
             });
         }
         Ok(results

@@ -59,11 +59,28 @@ struct Counts {
     ttl_ms: u64,
 }
 
+/// Why a partition's batch failed, by whose fault: a processor call (with the input row
+/// it rejected, when it names one), or the engine's own work on the state store (firing
+/// timers, TTL cleanup), which is no call of the processor's.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// A processor call failed.
+    Call(CallError, Option<Origin>),
+    /// The store failed under the engine's own timer or TTL work.
+    Store(StoreError),
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Failure {
+        Failure::Store(e)
+    }
+}
+
 /// The instance (to keep, unless poisoned) and the result of one partition.
 pub(crate) type Outcome = (
     u16,
     Option<Box<dyn PartitionProcessor>>,
-    Result<PartitionResult, (CallError, Option<Origin>)>,
+    Result<PartitionResult, Failure>,
 );
 
 /// What every partition of a batch shares.
@@ -107,7 +124,7 @@ impl Context<'_> {
                 };
                 match self.factory.instantiate(config) {
                     Ok(i) => i,
-                    Err(e) => return (partition, None, Err((e, None))),
+                    Err(e) => return (partition, None, Err(Failure::Call(e, None))),
                 }
             }
         };
@@ -157,12 +174,12 @@ impl Context<'_> {
         instance: &mut dyn PartitionProcessor,
         batch: &mut PartitionBatch,
         initial: &PartitionInput<'_>,
-    ) -> Result<(), (CallError, Option<Origin>)> {
+    ) -> Result<(), Failure> {
         for group in &initial.groups {
             for (row, origin) in group.rows.iter().zip(&group.origins) {
                 instance
                     .handle_initial_state(batch, &group.key, row)
-                    .map_err(|e| (e, Some(*origin)))?;
+                    .map_err(|e| Failure::Call(e, Some(*origin)))?;
             }
         }
         Ok(())
@@ -174,7 +191,7 @@ impl Context<'_> {
         batch: &mut PartitionBatch,
         input: &PartitionInput<'_>,
         rows: &mut Vec<String>,
-    ) -> Result<(), (CallError, Option<Origin>)> {
+    ) -> Result<(), Failure> {
         let mut rest = &input.groups[..];
         while !rest.is_empty() {
             let mut bytes = 0;
@@ -205,7 +222,7 @@ impl Context<'_> {
                         }
                         _ => None,
                     };
-                    return Err((error, origin));
+                    return Err(Failure::Call(error, origin));
                 }
             }
         }
@@ -221,12 +238,12 @@ impl Context<'_> {
         instance: &mut dyn PartitionProcessor,
         batch: &mut PartitionBatch,
         result: &mut Counts,
-    ) -> Result<(), (CallError, Option<Origin>)> {
+    ) -> Result<(), Failure> {
         let Some(upto) = self.clock() else {
             return Ok(());
         };
         loop {
-            let due = store(batch.txn().timers_due(upto, TIMER_PAGE))?;
+            let due = batch.txn().timers_due(upto, TIMER_PAGE)?;
             if due.is_empty() {
                 return Ok(());
             }
@@ -235,7 +252,7 @@ impl Context<'_> {
                 .map(|(ts, key)| {
                     String::from_utf8(key)
                         .map(|key| (key, ts))
-                        .map_err(|_| internal(StoreError::Corrupt("timer key is not UTF-8".into())))
+                        .map_err(|_| StoreError::Corrupt("timer key is not UTF-8".into()))
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             // The due timers go to the processor in runs of distinct keys, so one call can
@@ -256,7 +273,7 @@ impl Context<'_> {
                 // whole run up front is the same as checking each timer just before it.)
                 let mut timers = Vec::with_capacity(candidates.len());
                 for (key, ts) in candidates {
-                    if store(batch.txn().timer_exists(key.as_bytes(), *ts))? {
+                    if batch.txn().timer_exists(key.as_bytes(), *ts)? {
                         timers.push((key.as_str(), *ts));
                     }
                 }
@@ -265,15 +282,15 @@ impl Context<'_> {
                 }
                 let out = instance
                     .handle_expired_timers(batch, &timers)
-                    .map_err(|f| (f.error, None))?;
+                    .map_err(|f| Failure::Call(f.error, None))?;
                 result.rows.extend(out.into_iter().flatten());
                 for (key, ts) in &timers {
-                    store(batch.txn().timer_delete(key.as_bytes(), *ts))?;
+                    batch.txn().timer_delete(key.as_bytes(), *ts)?;
                 }
                 result.timers_fired += timers.len() as u64;
                 if result.timers_fired > MAX_TIMER_FIRINGS {
                     let key = timers.last().map(|(key, _)| (*key).to_owned());
-                    return Err((
+                    return Err(Failure::Call(
                         CallError {
                             processor: self.factory.info().name.clone(),
                             function: Function::HandleExpiredTimer,
@@ -291,32 +308,11 @@ impl Context<'_> {
     }
 
     /// Removes state whose TTL has expired (reads already hid it).
-    fn ttl(
-        &self,
-        txn: &mut PartitionTxn,
-        result: &mut Counts,
-    ) -> Result<(), (CallError, Option<Origin>)> {
+    fn ttl(&self, txn: &mut PartitionTxn, result: &mut Counts) -> Result<(), Failure> {
         let Some(now) = self.clock() else {
             return Ok(());
         };
-        result.ttl_removed = store(txn.ttl_cleanup(now))?;
+        result.ttl_removed = txn.ttl_cleanup(now)?;
         Ok(())
     }
-}
-
-/// A store operation of the engine's own (timers, TTL) whose failure fails the batch.
-fn store<T>(result: Result<T, StoreError>) -> Result<T, (CallError, Option<Origin>)> {
-    result.map_err(internal)
-}
-
-fn internal(e: StoreError) -> (CallError, Option<Origin>) {
-    (
-        CallError {
-            processor: String::new(),
-            function: Function::HandleExpiredTimer,
-            key: None,
-            kind: CallErrorKind::Internal(e),
-        },
-        None,
-    )
 }

@@ -383,3 +383,37 @@ fn ttl_hides_expired_state_from_the_processor_and_cleanup_removes_it() {
     let rows = state(&dirs.checkpoint, "seen");
     assert_eq!(rows.len(), 1, "only `a` is left: {rows:?}");
 }
+
+#[test]
+fn a_store_failure_while_firing_timers_is_the_stores_not_the_processors() {
+    let dirs = Dirs::new();
+    dirs.add_input("0.jsonl", &["a"]);
+    let factory = Arc::new(Reminder::new(Arc::new(AtomicU8::new(RUN))));
+    let opts = dirs.options(TimeMode::ProcessingTime);
+    let mut query = Query::open(opts.clone(), factory.clone()).unwrap();
+    query.run_next(Some(1_000)).unwrap().unwrap();
+    drop(query);
+    // A timer whose key does not decode (no key the engine writes is not UTF-8): firing it
+    // fails in the engine's own scan of due timers, before any processor call.
+    let checkpoint = statebox_state::Checkpoint::open(&dirs.checkpoint).unwrap();
+    let mut txn = checkpoint.txn(0);
+    txn.timer_register(b"\xff\xfe", 1_500).unwrap();
+    checkpoint
+        .commit(statebox_state::Commit {
+            drop_vars: Vec::new(),
+            txns: vec![txn],
+            meta: Vec::new(),
+            changelog: None,
+        })
+        .unwrap();
+    drop(checkpoint);
+    let mut query = Query::open(opts, factory).unwrap();
+    let err = query.run_no_data(Some(1_600)).unwrap_err();
+    assert!(
+        matches!(&err, EngineError::Store(statebox_state::StoreError::Corrupt(m)) if m.contains("timer key")),
+        "{err:?}"
+    );
+    let message = err.to_string();
+    assert!(!message.contains("handle-expired-timer"), "{message}");
+    assert!(!message.contains("processor"), "{message}");
+}
