@@ -99,6 +99,17 @@ pub enum EngineError {
     },
 }
 
+impl EngineError {
+    /// A record of the checkpoint (`what`: "commit record", "batch plan", ...) that does
+    /// not decode: the checkpoint is damaged or was written by something else. The store's
+    /// [`StoreError::Corrupt`], not a bad setting: no change of settings makes it readable.
+    pub fn corrupt_record(what: &str, e: impl std::fmt::Display) -> EngineError {
+        EngineError::Store(StoreError::Corrupt(format!(
+            "checkpoint {what} is unreadable: {e}"
+        )))
+    }
+}
+
 /// How to run a query.
 #[derive(Clone, Debug)]
 pub struct QueryOptions {
@@ -280,9 +291,8 @@ impl Query {
         let checkpoint = Checkpoint::open(&opts.checkpoint)?;
         let config = match checkpoint.get_meta(meta::QUERY)? {
             Some(bytes) => {
-                let stored: QueryConfig = serde_json::from_slice(&bytes).map_err(|e| {
-                    EngineError::Config(format!("checkpoint query record is unreadable: {e}"))
-                })?;
+                let stored: QueryConfig = serde_json::from_slice(&bytes)
+                    .map_err(|e| EngineError::corrupt_record("query record", e))?;
                 check_restart(&stored, &opts)?;
                 let mut stored = stored;
                 if stored.query_id.is_none() {
@@ -366,9 +376,9 @@ impl Query {
             )));
         }
         let catalog = match checkpoint.get_meta(meta::CATALOG)? {
-            Some(bytes) => Catalog::from_json(&bytes).map_err(|e| {
-                EngineError::Config(format!("checkpoint catalog is unreadable: {e}"))
-            })?,
+            Some(bytes) => {
+                Catalog::from_json(&bytes).map_err(|e| EngineError::corrupt_record("catalog", e))?
+            }
             None => Catalog::default(),
         };
         // Upgrade check: the processor's declarations, learned without running it on any
@@ -385,16 +395,16 @@ impl Query {
             }
         }
         let head: Option<CommitRecord> = match checkpoint.get_meta(meta::HEAD)? {
-            Some(bytes) => Some(serde_json::from_slice(&bytes).map_err(|e| {
-                EngineError::Config(format!("checkpoint commit record is unreadable: {e}"))
-            })?),
+            Some(bytes) => Some(
+                serde_json::from_slice(&bytes)
+                    .map_err(|e| EngineError::corrupt_record("commit record", e))?,
+            ),
             None => None,
         };
         let mut progress = BTreeMap::new();
         for (name, bytes) in checkpoint.scan_meta(meta::SOURCE_PREFIX)? {
-            let p: FileProgress = serde_json::from_slice(&bytes).map_err(|e| {
-                EngineError::Config(format!("checkpoint source progress is unreadable: {e}"))
-            })?;
+            let p: FileProgress = serde_json::from_slice(&bytes)
+                .map_err(|e| EngineError::corrupt_record("source progress", e))?;
             progress.insert(name[meta::SOURCE_PREFIX.len()..].to_owned(), p);
         }
         if let (Some(path), Some(h)) = (&opts.initial_state, &head) {
@@ -542,9 +552,8 @@ impl Query {
         let Some(bytes) = self.checkpoint.get_meta(&meta::plan(batch_id))? else {
             return Ok(None);
         };
-        let plan: BatchPlan = serde_json::from_slice(&bytes).map_err(|e| {
-            EngineError::Config(format!("checkpoint batch plan is unreadable: {e}"))
-        })?;
+        let plan: BatchPlan = serde_json::from_slice(&bytes)
+            .map_err(|e| EngineError::corrupt_record("batch plan", e))?;
         tracing::info!(batch_id, "re-running uncommitted batch from its plan");
         Ok(Some(plan))
     }

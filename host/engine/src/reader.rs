@@ -37,9 +37,8 @@ impl StateReader {
     pub fn open(dir: &Path) -> Result<StateReader, EngineError> {
         let checkpoint = Checkpoint::open_read_only(dir)?;
         let config: QueryConfig = match checkpoint.get_meta(meta::QUERY)? {
-            Some(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
-                EngineError::Config(format!("checkpoint query record is unreadable: {e}"))
-            })?,
+            Some(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|e| EngineError::corrupt_record("query record", e))?,
             None => {
                 return Err(EngineError::Config(format!(
                     "{} has no query record: it is not a Statebox checkpoint",
@@ -48,9 +47,9 @@ impl StateReader {
             }
         };
         let catalog = match checkpoint.get_meta(meta::CATALOG)? {
-            Some(bytes) => Catalog::from_json(&bytes).map_err(|e| {
-                EngineError::Config(format!("checkpoint catalog is unreadable: {e}"))
-            })?,
+            Some(bytes) => {
+                Catalog::from_json(&bytes).map_err(|e| EngineError::corrupt_record("catalog", e))?
+            }
             None => Catalog::default(),
         };
         let head = match checkpoint.get_meta(meta::HEAD)? {
@@ -355,9 +354,10 @@ impl StateReader {
                         Ok(true)
                     }
                     Err(e) => {
-                        failed = Some(EngineError::Config(format!(
-                            "the catalog record {record} is unreadable: {e}"
-                        )));
+                        failed = Some(EngineError::corrupt_record(
+                            &format!("catalog record {record}"),
+                            e,
+                        ));
                         Ok(false)
                     }
                 }
@@ -527,11 +527,9 @@ impl StateReader {
                 }
             })?;
         match at {
-            Some((id, bytes)) if changed_later => {
-                Catalog::from_json(&bytes).map(Some).map_err(|e| {
-                    EngineError::Config(format!("the catalog of batch {id} is unreadable: {e}"))
-                })
-            }
+            Some((id, bytes)) if changed_later => Catalog::from_json(&bytes)
+                .map(Some)
+                .map_err(|e| EngineError::corrupt_record(&format!("catalog of batch {id}"), e)),
             _ => Ok(None),
         }
     }
@@ -908,8 +906,7 @@ fn user_key(uk: &[u8]) -> Result<Value, EngineError> {
 }
 
 fn parse_commit(bytes: &[u8]) -> Result<CommitRecord, EngineError> {
-    serde_json::from_slice(bytes)
-        .map_err(|e| EngineError::Store(StoreError::Corrupt(format!("commit record: {e}"))))
+    serde_json::from_slice(bytes).map_err(|e| EngineError::corrupt_record("commit record", e))
 }
 
 #[cfg(test)]

@@ -417,3 +417,50 @@ fn a_store_failure_while_firing_timers_is_the_stores_not_the_processors() {
     assert!(!message.contains("handle-expired-timer"), "{message}");
     assert!(!message.contains("processor"), "{message}");
 }
+
+/// Overwrites checkpoint record `name` with bytes that do not decode.
+fn damage(checkpoint: &Path, name: &str) {
+    let cp = statebox_state::Checkpoint::open(checkpoint).unwrap();
+    cp.put_meta_sync(name, b"{\"batch_id\": \"not a number\"")
+        .unwrap();
+}
+
+fn is_corrupt(err: &EngineError, what: &str) -> bool {
+    matches!(err, EngineError::Store(statebox_state::StoreError::Corrupt(m))
+        if m.starts_with(&format!("checkpoint {what} is unreadable")))
+}
+
+#[test]
+fn a_damaged_checkpoint_record_is_corrupt_state_not_a_bad_setting() {
+    for (name, what) in [
+        ("head", "commit record"),
+        ("query", "query record"),
+        ("catalog", "catalog"),
+        ("plan/00000000000000000001", "batch plan"),
+    ] {
+        let dirs = Dirs::new();
+        dirs.add_input("0.jsonl", &["a"]);
+        let opts = dirs.options(TimeMode::None);
+        let mut query = Query::open(opts.clone(), Arc::new(NativeCounter::new())).unwrap();
+        query.run_available(|_| {}).unwrap();
+        drop(query);
+        damage(&dirs.checkpoint, name);
+        let err = match Query::open(opts, Arc::new(NativeCounter::new())) {
+            // A plan is read when the batch it plans runs.
+            Ok(mut query) => query.run_next(None).map(|_| ()).unwrap_err(),
+            Err(e) => e,
+        };
+        assert!(is_corrupt(&err, what), "{name}: {err:?}");
+        assert!(
+            err.to_string()
+                .starts_with("state store is corrupt: checkpoint"),
+            "{name}: {err}"
+        );
+        if name != "plan/00000000000000000001" {
+            let Err(err) = StateReader::open(&dirs.checkpoint) else {
+                panic!("the reader opened a damaged {name}");
+            };
+            assert!(is_corrupt(&err, what), "reader, {name}: {err:?}");
+        }
+    }
+}

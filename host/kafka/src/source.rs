@@ -324,7 +324,10 @@ impl RecordSource for KafkaSource {
         new_query: bool,
     ) -> Result<(), EngineError> {
         let unreadable = |what: &str| {
-            EngineError::Config(format!("checkpoint Kafka progress `{what}` is unreadable"))
+            EngineError::corrupt_record(
+                &format!("Kafka progress `{what}`"),
+                "its name or value does not decode",
+            )
         };
         for (key, value) in committed {
             if let Some(rest) = key.strip_prefix(OFFSET_PREFIX) {
@@ -435,9 +438,8 @@ impl RecordSource for KafkaSource {
     }
 
     fn read(&mut self, plan: &serde_json::Value) -> Result<SourceBatch, EngineError> {
-        let plan: Plan = serde_json::from_value(plan.clone()).map_err(|e| {
-            EngineError::Config(format!("checkpoint Kafka batch plan is unreadable: {e}"))
-        })?;
+        let plan: Plan = serde_json::from_value(plan.clone())
+            .map_err(|e| EngineError::corrupt_record("Kafka batch plan", e))?;
         let mut assignment = TopicPartitionList::new();
         let mut index = BTreeMap::new();
         let mut texts: Vec<SourceText> = Vec::with_capacity(plan.ranges.len());
