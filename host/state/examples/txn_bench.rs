@@ -35,7 +35,7 @@ impl KvEngine for NullEngine {
         Ok(())
     }
 
-    fn write(&self, batch: WriteBatch) -> statebox_state::Result<()> {
+    fn write(&self, batch: &WriteBatch) -> statebox_state::Result<()> {
         std::hint::black_box(batch);
         Ok(())
     }

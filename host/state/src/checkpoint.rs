@@ -6,6 +6,7 @@ use std::ops::Bound;
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::cache::CachedEngine;
 use crate::changelog::ChangeStats;
 use crate::engine::{KvEngine, ScanFn, WriteBatch, WriteOp};
 use crate::mem::MemEngine;
@@ -19,6 +20,10 @@ type VarScanFn<'a> = dyn FnMut(&[u8], &[u8], StoredValue) -> Result<bool> + 'a;
 /// Name of the database subdirectory inside a checkpoint directory; the engine keeps its own
 /// files next to it.
 const DB_DIR: &str = "state";
+
+/// Committed state a checkpoint opened for writing keeps in memory by default (see
+/// [`crate::cache`]): the per-key state of a few million keys of the counter workload.
+pub const DEFAULT_STATE_CACHE_BYTES: usize = 256 << 20;
 
 /// A durable checkpoint (one RocksDB database in a directory), or an in-memory one for tests.
 ///
@@ -91,6 +96,12 @@ impl Checkpoint {
     /// The database lives in `dir/state/`. A checkpoint already open (in this or another
     /// process) gives [`StoreError::Locked`].
     pub fn open(dir: &Path) -> Result<Self> {
+        Self::open_with_cache(dir, DEFAULT_STATE_CACHE_BYTES)
+    }
+
+    /// Like [`open`](Self::open), with at most `cache_bytes` of committed state kept in memory
+    /// in front of the database (see [`crate::cache`]; 0 turns the cache off).
+    pub fn open_with_cache(dir: &Path, cache_bytes: usize) -> Result<Self> {
         let db_dir = dir.join(DB_DIR);
         std::fs::create_dir_all(&db_dir).map_err(|e| {
             StoreError::Storage(format!(
@@ -99,8 +110,14 @@ impl Checkpoint {
             ))
         })?;
         let engine = RocksEngine::open(&db_dir)?;
-        tracing::debug!(dir = %dir.display(), "opened checkpoint");
-        Ok(Self::with_engine(Arc::new(engine)))
+        tracing::debug!(dir = %dir.display(), cache_bytes, "opened checkpoint");
+        if cache_bytes == 0 {
+            return Ok(Self::with_engine(Arc::new(engine)));
+        }
+        Ok(Self::with_engine(Arc::new(CachedEngine::new(
+            engine,
+            cache_bytes,
+        ))))
     }
 
     /// Opens an existing checkpoint in `dir` for reading only, without taking its lock: it
@@ -401,7 +418,7 @@ impl Checkpoint {
     pub fn put_meta_sync(&self, name: &str, value: &[u8]) -> Result<()> {
         let mut batch = WriteBatch::new();
         batch.put(keys::meta_key(name), value.to_vec());
-        self.engine.write(batch)
+        self.engine.write(&batch)
     }
 
     /// Bytes of state on disk (RocksDB SST files; 0 in memory).
@@ -503,7 +520,7 @@ impl Checkpoint {
             }
         }
         let ops = batch.len();
-        self.engine.write(batch)?;
+        self.engine.write(&batch)?;
         tracing::debug!(
             dropped_vars = drop_vars.len(),
             txns = txn_count,

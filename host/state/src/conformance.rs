@@ -16,6 +16,8 @@ use crate::{
 struct Fixture {
     dir: Option<tempfile::TempDir>,
     cp: Option<Checkpoint>,
+    /// The state cache's budget of a durable checkpoint (0: none).
+    cache: usize,
 }
 
 impl Fixture {
@@ -23,15 +25,27 @@ impl Fixture {
         Self {
             dir: None,
             cp: Some(Checkpoint::in_memory()),
+            cache: 0,
         }
     }
 
+    /// RocksDB alone, without the state cache.
     fn rocks() -> Self {
+        Self::durable(0)
+    }
+
+    /// RocksDB behind a state cache small enough that the suite's data keeps evicting.
+    fn cached() -> Self {
+        Self::durable(16 << 10)
+    }
+
+    fn durable(cache: usize) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let cp = Checkpoint::open(dir.path()).unwrap();
+        let cp = Checkpoint::open_with_cache(dir.path(), cache).unwrap();
         Self {
             dir: Some(dir),
             cp: Some(cp),
+            cache,
         }
     }
 
@@ -43,7 +57,7 @@ impl Fixture {
     fn reopen(&mut self) {
         if let Some(dir) = &self.dir {
             self.cp = None;
-            self.cp = Some(Checkpoint::open(dir.path()).unwrap());
+            self.cp = Some(Checkpoint::open_with_cache(dir.path(), self.cache).unwrap());
         }
     }
 
@@ -108,7 +122,7 @@ impl KvEngine for Counting {
         })
     }
 
-    fn write(&self, batch: WriteBatch) -> crate::Result<()> {
+    fn write(&self, batch: &WriteBatch) -> crate::Result<()> {
         self.inner.write(batch)
     }
 }
@@ -192,7 +206,7 @@ fn corrupt_stored_bytes_are_an_error(fx: Fixture) {
     batch.put(keys::value_key(1, b"k"), b"{\"not\":\"ours\"}".to_vec());
     batch.put(keys::list_element_key(2, b"k", 0), vec![9, 9]);
     batch.put(keys::list_meta_key(3, b"k"), vec![1, 2, 3]);
-    fx.cp().engine().write(batch).unwrap();
+    fx.cp().engine().write(&batch).unwrap();
     let mut txn = fx.cp().txn(0);
     assert!(matches!(
         txn.value_get(1, b"k"),
@@ -1058,7 +1072,7 @@ fn committed_state_scans_report_corrupt_bytes(fx: Fixture) {
         keys::list_element_key(2, b"k", 0)[..12].to_vec(),
         v("x").encode(),
     );
-    fx.cp().engine().write(batch).unwrap();
+    fx.cp().engine().write(&batch).unwrap();
     let err = fx.cp().scan_values(1, |_, _| Ok(true)).unwrap_err();
     assert!(matches!(err, StoreError::Corrupt(_)), "{err}");
     let err = fx.cp().scan_list(2, |_, _, _| Ok(true)).unwrap_err();
@@ -1327,6 +1341,9 @@ macro_rules! conformance {
         }
         mod rocks {
             $( #[test] fn $name() { super::$name(super::Fixture::rocks()) } )*
+        }
+        mod cached {
+            $( #[test] fn $name() { super::$name(super::Fixture::cached()) } )*
         }
     };
 }

@@ -58,7 +58,7 @@ pub trait KvEngine: Send + Sync + 'static {
 
     /// Applies `batch` atomically and durably (fsynced before returning), operations in order:
     /// a put after a range delete covering its key survives.
-    fn write(&self, batch: WriteBatch) -> Result<()>;
+    fn write(&self, batch: &WriteBatch) -> Result<()>;
 
     /// The value stored at `key`, copied out.
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {

@@ -11,7 +11,8 @@
 //! - [`keys`]: the byte layout of every stored key; byte order equals logical order.
 //! - [`value`](StoredValue): the stored value codec (schema id, TTL expiry, payload).
 //! - [`engine`]: the small [`KvEngine`] trait both backends implement.
-//! - `rocks` / `mem`: the RocksDB and in-memory backends.
+//! - `rocks` / `mem`: the RocksDB and in-memory backends; [`cache`]: a bounded cache of
+//!   committed point reads in front of either.
 //! - `checkpoint` / `txn`: the public [`Checkpoint`] and [`PartitionTxn`].
 //! - [`changelog`]: the per-batch change log codec.
 //! - `overlay`: the overlay's building blocks (inline byte keys, per-prefix hash map,
@@ -21,6 +22,7 @@
 //! built by [`Checkpoint::commit`] or [`Checkpoint::put_meta_sync`]; a [`PartitionTxn`] only
 //! ever reads the backend.
 
+pub mod cache;
 pub mod catalog;
 pub mod changelog;
 mod checkpoint;
@@ -36,7 +38,7 @@ mod value;
 mod conformance;
 
 pub use changelog::ChangeStats;
-pub use checkpoint::{ChangelogWrite, Checkpoint, Commit, Undo};
+pub use checkpoint::{ChangelogWrite, Checkpoint, Commit, DEFAULT_STATE_CACHE_BYTES, Undo};
 pub use engine::{GetFn, GetManyFn, KvEngine, ScanFn, WriteBatch, WriteOp};
 pub use txn::PartitionTxn;
 pub use value::StoredValue;

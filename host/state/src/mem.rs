@@ -37,15 +37,15 @@ impl KvEngine for MemEngine {
         Ok(())
     }
 
-    fn write(&self, batch: WriteBatch) -> Result<()> {
+    fn write(&self, batch: &WriteBatch) -> Result<()> {
         let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
-        for op in batch.into_ops() {
+        for op in batch.ops() {
             match op {
                 WriteOp::Put(k, v) => {
-                    map.insert(k, v);
+                    map.insert(k.clone(), v.clone());
                 }
                 WriteOp::Delete(k) => {
-                    map.remove(&k);
+                    map.remove(k);
                 }
                 WriteOp::DeleteRange(start, end) => {
                     if start >= end {

@@ -196,7 +196,7 @@ impl KvEngine for RocksEngine {
         it.status().map_err(storage)
     }
 
-    fn write(&self, batch: WriteBatch) -> Result<()> {
+    fn write(&self, batch: &WriteBatch) -> Result<()> {
         perf_stats_off();
         let mut wb = rocksdb::WriteBatch::default();
         for op in batch.ops() {

@@ -1165,7 +1165,7 @@ mod tests {
             assert_eq!(points, pending, "round {round}");
             let mut batch = crate::WriteBatch::new();
             batch.append(ops);
-            cp.engine().write(batch).unwrap();
+            cp.engine().write(&batch).unwrap();
             assert_eq!(snapshot(&cp.txn(0)), seen, "round {round}");
         }
     }

@@ -1,0 +1,520 @@
+//! A bounded cache of committed state in front of a backend: the per-key point reads a batch
+//! makes (value state, list metadata, map entries) are served from memory once a key has been
+//! read or written, instead of descending RocksDB's memtables, filters and blocks every batch.
+//!
+//! The backend stays the durable truth. The cache holds committed bytes only: it is filled by
+//! point reads that miss and by every committed write (write-through, after the backend
+//! accepted the write), so what it answers is exactly what the backend would. Absent keys are
+//! cached too (a new key's reads are misses that stay misses until written).
+//!
+//! - **Bounded**: entries are charged their key and value bytes plus a fixed overhead; each of
+//!   [`SHARDS`] shards holds at most its share of the budget and evicts with the CLOCK
+//!   algorithm (an entry read since the hand last passed it gets a second chance).
+//! - **Ordered shards**: each shard is a `BTreeMap`, so a range delete (clearing a large
+//!   collection, dropping a variable) removes exactly the cached keys in its range.
+//! - **No stale fills**: a read that missed fills the cache only if no write touched the
+//!   shard meanwhile (a per-shard version), so a value read before a commit can never
+//!   overwrite the one the commit wrote.
+//! - **A failed write empties the cache**: whatever the backend kept of it, nothing cached
+//!   can disagree with it afterwards.
+//!
+//! Scans (list elements, map pages, timers, TTL, metadata) go to the backend: they are
+//! ordered reads the backend's iterators already serve well.
+
+use std::collections::BTreeMap;
+use std::hash::BuildHasher;
+use std::ops::Bound;
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use crate::engine::{GetFn, GetManyFn, KvEngine, ScanFn, WriteBatch, WriteOp};
+use crate::{Result, keys};
+
+/// Independent parts of the cache, each with its own lock and its share of the budget.
+pub const SHARDS: usize = 64;
+
+/// Bytes charged per entry besides its key and value (the map node and slot).
+const ENTRY_OVERHEAD: usize = 64;
+
+/// A shard evicts down to this fraction of its budget, so evictions come in runs.
+const EVICT_TO_PERCENT: usize = 90;
+
+/// The namespaces whose keys are cached: those the per-key state operations read point by
+/// point.
+fn cached(key: &[u8]) -> bool {
+    matches!(
+        key.first(),
+        Some(&(keys::VALUE | keys::LIST_META | keys::MAP))
+    )
+}
+
+/// Whether `[start, end)` may hold a cached key.
+fn range_may_hold_cached(start: &[u8], end: &[u8]) -> bool {
+    // Cached namespaces are VALUE (0x02) and LIST_META (0x04) to MAP (0x05); LIST (0x03)
+    // between them is not cached but a range over it is rare enough to check in full.
+    let first = [keys::VALUE];
+    let past = [keys::MAP + 1];
+    start < end && start < &past[..] && end > &first[..]
+}
+
+/// A cached read: the committed bytes, or `None` for a key known to be absent.
+struct Slot {
+    value: Option<Box<[u8]>>,
+    /// Read since the clock hand last passed: survives the next sweep.
+    referenced: bool,
+}
+
+impl Slot {
+    fn charge(key: &[u8], value: Option<&[u8]>) -> usize {
+        key.len() + value.map_or(0, <[u8]>::len) + ENTRY_OVERHEAD
+    }
+}
+
+#[derive(Default)]
+struct Shard {
+    map: BTreeMap<Box<[u8]>, Slot>,
+    bytes: usize,
+    /// Bumped by every write that touches the shard (see [`CachedEngine::get_with`]).
+    version: u64,
+    /// Where the clock hand stopped: the sweep resumes after this key.
+    hand: Option<Box<[u8]>>,
+}
+
+impl Shard {
+    fn set(&mut self, key: &[u8], value: Option<&[u8]>, referenced: bool, budget: usize) {
+        let charge = Slot::charge(key, value);
+        let slot = Slot {
+            value: value.map(Box::from),
+            referenced,
+        };
+        match self.map.get_mut(key) {
+            Some(old) => {
+                self.bytes -= Slot::charge(key, old.value.as_deref());
+                *old = slot;
+            }
+            None => {
+                self.map.insert(Box::from(key), slot);
+            }
+        }
+        self.bytes += charge;
+        if self.bytes > budget {
+            self.evict(budget * EVICT_TO_PERCENT / 100);
+        }
+    }
+
+    fn remove_range(&mut self, start: &[u8], end: &[u8]) {
+        let doomed: Vec<Box<[u8]>> = self
+            .map
+            .range::<[u8], _>((Bound::Included(start), Bound::Excluded(end)))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in doomed {
+            if let Some(slot) = self.map.remove(&k) {
+                self.bytes -= Slot::charge(&k, slot.value.as_deref());
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        self.map.clear();
+        self.bytes = 0;
+        self.hand = None;
+    }
+
+    /// CLOCK: walks from the hand, clearing the referenced bit of entries that have it and
+    /// evicting those that do not, until the shard holds at most `target` bytes. Stops after
+    /// two turns (by the second every bit is clear, so it only stops early on an empty map).
+    fn evict(&mut self, target: usize) {
+        const CHUNK: usize = 256;
+        let mut budget_steps = 2 * self.map.len() + CHUNK;
+        while self.bytes > target && budget_steps > 0 && !self.map.is_empty() {
+            let from = match &self.hand {
+                Some(h) => Bound::Excluded(&h[..]),
+                None => Bound::Unbounded,
+            };
+            let mut doomed = Vec::new();
+            let mut stopped_at = None;
+            let mut seen = 0;
+            for (k, slot) in self.map.range_mut::<[u8], _>((from, Bound::Unbounded)) {
+                seen += 1;
+                if slot.referenced {
+                    slot.referenced = false;
+                } else {
+                    doomed.push(k.clone());
+                }
+                if seen == CHUNK {
+                    stopped_at = Some(k.clone());
+                    break;
+                }
+            }
+            budget_steps = budget_steps.saturating_sub(seen.max(1));
+            // Past the last key the hand wraps around to the first.
+            self.hand = stopped_at;
+            for k in doomed {
+                if let Some(slot) = self.map.remove(&k) {
+                    self.bytes -= Slot::charge(&k, slot.value.as_deref());
+                }
+                if self.bytes <= target {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// A [`KvEngine`] with a bounded cache of committed point reads in front of `inner` (see the
+/// [module docs](self)).
+pub struct CachedEngine<E> {
+    inner: E,
+    shards: Box<[Mutex<Shard>]>,
+    shard_budget: usize,
+    hasher: hashbrown::DefaultHashBuilder,
+}
+
+impl<E: KvEngine> CachedEngine<E> {
+    /// Caches `inner`'s point reads in at most about `budget_bytes` of memory.
+    pub fn new(inner: E, budget_bytes: usize) -> Self {
+        Self {
+            inner,
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            shard_budget: (budget_bytes / SHARDS).max(1),
+            hasher: hashbrown::DefaultHashBuilder::default(),
+        }
+    }
+
+    /// Bytes the cache holds now (keys, values and per-entry overhead).
+    pub fn cached_bytes(&self) -> usize {
+        (0..SHARDS).map(|i| self.shard(i).bytes).sum()
+    }
+
+    fn shard_of(&self, key: &[u8]) -> usize {
+        (self.hasher.hash_one(key) as usize) % SHARDS
+    }
+
+    fn shard(&self, i: usize) -> MutexGuard<'_, Shard> {
+        self.shards[i]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The cached read of `key`: `Some(found)` after calling `f` with the bytes if found, or
+    /// `None` (and the shard's version) on a miss.
+    fn lookup(&self, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<Lookup> {
+        let mut shard = self.shard(self.shard_of(key));
+        match shard.map.get_mut(key) {
+            Some(slot) => {
+                slot.referenced = true;
+                f(slot.value.as_deref())?;
+                Ok(Lookup::Hit)
+            }
+            None => Ok(Lookup::Miss(shard.version)),
+        }
+    }
+
+    /// Caches what a read that missed at shard version `version` found, unless a write
+    /// touched the shard since.
+    fn fill(&self, key: &[u8], value: Option<&[u8]>, version: u64) {
+        let mut shard = self.shard(self.shard_of(key));
+        if shard.version == version && !shard.map.contains_key(key) {
+            shard.set(key, value, true, self.shard_budget);
+        }
+    }
+
+    fn clear(&self) {
+        for i in 0..SHARDS {
+            let mut shard = self.shard(i);
+            shard.clear();
+            shard.version += 1;
+        }
+    }
+
+    /// Applies a committed write to the cache, in the batch's order.
+    fn apply(&self, batch: &WriteBatch) {
+        let mut touched = [false; SHARDS];
+        for op in batch.ops() {
+            match op {
+                WriteOp::Put(k, v) if cached(k) => {
+                    let i = self.shard_of(k);
+                    touched[i] = true;
+                    self.shard(i).set(k, Some(v), false, self.shard_budget);
+                }
+                WriteOp::Delete(k) if cached(k) => {
+                    let i = self.shard_of(k);
+                    touched[i] = true;
+                    self.shard(i).set(k, None, false, self.shard_budget);
+                }
+                WriteOp::DeleteRange(start, end) if range_may_hold_cached(start, end) => {
+                    for (i, t) in touched.iter_mut().enumerate() {
+                        *t = true;
+                        self.shard(i).remove_range(start, end);
+                    }
+                }
+                _ => {}
+            }
+        }
+        for (i, t) in touched.iter().enumerate() {
+            if *t {
+                self.shard(i).version += 1;
+            }
+        }
+    }
+}
+
+enum Lookup {
+    Hit,
+    Miss(u64),
+}
+
+impl<E: KvEngine> KvEngine for CachedEngine<E> {
+    fn disk_bytes(&self) -> u64 {
+        self.inner.disk_bytes()
+    }
+
+    fn snapshot_to(&self, dir: &Path) -> Result<bool> {
+        self.inner.snapshot_to(dir)
+    }
+
+    fn get_with(&self, key: &[u8], f: &mut GetFn<'_>) -> Result<bool> {
+        if !cached(key) {
+            return self.inner.get_with(key, f);
+        }
+        let mut found = false;
+        let version = match self.lookup(key, &mut |v| {
+            if let Some(v) = v {
+                found = true;
+                f(v)?;
+            }
+            Ok(())
+        })? {
+            Lookup::Hit => return Ok(found),
+            Lookup::Miss(version) => version,
+        };
+        let mut copy: Option<Box<[u8]>> = None;
+        let found = self.inner.get_with(key, &mut |v| {
+            copy = Some(Box::from(v));
+            f(v)
+        })?;
+        self.fill(key, copy.as_deref(), version);
+        Ok(found)
+    }
+
+    fn get_many(&self, keys: &[&[u8]], f: &mut GetManyFn<'_>) -> Result<()> {
+        // Hits are answered in place; misses are read from the backend together (in the
+        // order given, which keeps its batched lookups fast), then answered in order.
+        let mut answers: Vec<Option<Option<Box<[u8]>>>> = Vec::with_capacity(keys.len());
+        let mut misses: Vec<(usize, u64)> = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            if !cached(key) {
+                answers.push(None);
+                misses.push((i, u64::MAX));
+                continue;
+            }
+            let mut hit = None;
+            match self.lookup(key, &mut |v| {
+                hit = Some(v.map(Box::from));
+                Ok(())
+            })? {
+                Lookup::Hit => answers.push(hit),
+                Lookup::Miss(version) => {
+                    answers.push(None);
+                    misses.push((i, version));
+                }
+            }
+        }
+        if !misses.is_empty() {
+            let wanted: Vec<&[u8]> = misses.iter().map(|&(i, _)| keys[i]).collect();
+            self.inner.get_many(&wanted, &mut |j, v| {
+                let (i, version) = misses[j];
+                if version != u64::MAX {
+                    self.fill(keys[i], v, version);
+                }
+                answers[i] = Some(v.map(Box::from));
+                Ok(())
+            })?;
+        }
+        for (i, answer) in answers.into_iter().enumerate() {
+            f(i, answer.flatten().as_deref())?;
+        }
+        Ok(())
+    }
+
+    fn scan(&self, start: &[u8], end: &[u8], f: &mut ScanFn<'_>) -> Result<()> {
+        self.inner.scan(start, end, f)
+    }
+
+    fn write(&self, batch: &WriteBatch) -> Result<()> {
+        match self.inner.write(batch) {
+            Ok(()) => {
+                self.apply(batch);
+                Ok(())
+            }
+            Err(e) => {
+                self.clear();
+                Err(e)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mem::MemEngine;
+
+    fn value_key(i: u32) -> Vec<u8> {
+        keys::var_key_prefix(keys::VALUE, 1, format!("k{i}").as_bytes())
+    }
+
+    fn put(e: &impl KvEngine, k: &[u8], v: &[u8]) {
+        let mut b = WriteBatch::new();
+        b.put(k.to_vec(), v.to_vec());
+        e.write(&b).unwrap();
+    }
+
+    #[test]
+    fn reads_are_served_from_the_cache_after_the_first() {
+        let e = CachedEngine::new(MemEngine::default(), 1 << 20);
+        let k = value_key(1);
+        assert_eq!(e.get(&k).unwrap(), None);
+        put(&e.inner, &k, b"behind the cache's back");
+        // The absent key was cached: the write that bypassed the cache is not seen.
+        assert_eq!(e.get(&k).unwrap(), None, "a cached miss");
+        put(&e, &k, b"v1");
+        assert_eq!(e.get(&k).unwrap().as_deref(), Some(&b"v1"[..]));
+        put(&e.inner, &k, b"behind again");
+        assert_eq!(
+            e.get(&k).unwrap().as_deref(),
+            Some(&b"v1"[..]),
+            "a cached hit"
+        );
+    }
+
+    #[test]
+    fn a_range_delete_removes_the_cached_keys_in_its_range_only() {
+        let e = CachedEngine::new(MemEngine::default(), 1 << 20);
+        for i in 0..100 {
+            put(&e, &value_key(i), b"v");
+        }
+        let (start, end) = (value_key(10), value_key(20));
+        let mut b = WriteBatch::new();
+        b.delete_range(start.clone(), end.clone());
+        e.write(&b).unwrap();
+        for i in 0..100 {
+            let k = value_key(i);
+            let want = !(start <= k && k < end);
+            assert_eq!(e.get(&k).unwrap().is_some(), want, "key {i}");
+        }
+    }
+
+    #[test]
+    fn the_cache_stays_within_its_budget_and_keeps_what_is_read() {
+        let budget = 64 * 1024;
+        let e = CachedEngine::new(MemEngine::default(), budget);
+        let hot = value_key(0);
+        put(&e, &hot, b"hot");
+        for i in 1..20_000 {
+            put(&e, &value_key(i), &[7; 40]);
+            // Read the hot key now and then: CLOCK gives it a second chance every turn.
+            if i % 16 == 0 {
+                assert!(e.get(&hot).unwrap().is_some());
+            }
+            assert!(
+                e.cached_bytes() <= budget + SHARDS * 200,
+                "{}",
+                e.cached_bytes()
+            );
+        }
+        put(&e.inner, &hot, b"changed behind the cache");
+        assert_eq!(
+            e.get(&hot).unwrap().as_deref(),
+            Some(&b"hot"[..]),
+            "the hot key stayed cached"
+        );
+        // Every key still reads right (evicted ones from the backend).
+        for i in 1..20_000 {
+            assert_eq!(
+                e.get(&value_key(i)).unwrap().as_deref(),
+                Some(&[7u8; 40][..])
+            );
+        }
+    }
+
+    #[test]
+    fn a_read_that_raced_a_write_does_not_cache_the_older_value() {
+        let e = CachedEngine::new(MemEngine::default(), 1 << 20);
+        let k = value_key(1);
+        put(&e, &k, b"old");
+        let i = e.shard_of(&k);
+        e.shard(i).clear();
+        // A reader misses at this version and reads "old" from the backend...
+        let Lookup::Miss(version) = e.lookup(&k, &mut |_| Ok(())).unwrap() else {
+            panic!("expected a miss");
+        };
+        // ... a commit writes "new" meanwhile ...
+        put(&e, &k, b"new");
+        // ... and the reader's fill is refused.
+        e.fill(&k, Some(b"old"), version);
+        assert_eq!(e.get(&k).unwrap().as_deref(), Some(&b"new"[..]));
+    }
+
+    #[test]
+    fn a_failed_write_empties_the_cache() {
+        struct Failing(MemEngine);
+        impl KvEngine for Failing {
+            fn get_with(&self, key: &[u8], f: &mut GetFn<'_>) -> Result<bool> {
+                self.0.get_with(key, f)
+            }
+            fn scan(&self, start: &[u8], end: &[u8], f: &mut ScanFn<'_>) -> Result<()> {
+                self.0.scan(start, end, f)
+            }
+            fn write(&self, batch: &WriteBatch) -> Result<()> {
+                if batch.len() > 1 {
+                    // Half applied, then failed.
+                    let mut first = WriteBatch::new();
+                    first.append(batch.ops()[..1].to_vec());
+                    self.0.write(&first)?;
+                    return Err(crate::StoreError::Storage("injected".into()));
+                }
+                self.0.write(batch)
+            }
+        }
+        let e = CachedEngine::new(Failing(MemEngine::default()), 1 << 20);
+        let (a, b) = (value_key(1), value_key(2));
+        put(&e, &a, b"a0");
+        put(&e, &b, b"b0");
+        let mut batch = WriteBatch::new();
+        batch.put(a.clone(), b"a1".to_vec());
+        batch.put(b.clone(), b"b1".to_vec());
+        assert!(e.write(&batch).is_err());
+        assert_eq!(e.cached_bytes(), 0);
+        // Reads now agree with whatever the backend kept.
+        assert_eq!(e.get(&a).unwrap().as_deref(), Some(&b"a1"[..]));
+        assert_eq!(e.get(&b).unwrap().as_deref(), Some(&b"b0"[..]));
+    }
+
+    #[test]
+    fn get_many_mixes_hits_misses_and_uncached_keys_in_order() {
+        let e = CachedEngine::new(MemEngine::default(), 1 << 20);
+        let meta = keys::meta_key("m");
+        put(&e, &value_key(1), b"one");
+        put(&e.inner, &value_key(2), b"two");
+        put(&e, &meta, b"meta");
+        let ks = [value_key(1), value_key(2), value_key(3), meta];
+        let refs: Vec<&[u8]> = ks.iter().map(Vec::as_slice).collect();
+        let mut got = Vec::new();
+        e.get_many(&refs, &mut |i, v| {
+            got.push((i, v.map(<[u8]>::to_vec)));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(
+            got,
+            vec![
+                (0, Some(b"one".to_vec())),
+                (1, Some(b"two".to_vec())),
+                (2, None),
+                (3, Some(b"meta".to_vec())),
+            ]
+        );
+    }
+}
