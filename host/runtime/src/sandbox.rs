@@ -100,14 +100,14 @@ pub(crate) const BUDGET_CHECK: Duration = Duration::from_millis(50);
 pub use statebox_contract::{CpuBudget, thread_cpu_ns};
 
 /// The wasmtime engine every processor runs on.
-pub(crate) fn engine() -> anyhow::Result<Engine> {
+pub(crate) fn engine() -> wasmtime::Result<Engine> {
     let mut config = wasmtime::Config::new();
     config.wasm_component_model(true);
     config.epoch_interruption(true);
     config.cranelift_opt_level(wasmtime::OptLevel::Speed);
     // Deep guest recursion must trap, not overflow the host's stack.
     config.max_wasm_stack(1 << 20);
-    Ok(Engine::new(&config)?)
+    Engine::new(&config)
 }
 
 /// Advances the engine's epoch every [`EPOCH_TICK`] so calls past their deadline trap.

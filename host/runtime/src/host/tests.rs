@@ -1,0 +1,794 @@
+//! The imports, called as a guest would call them, over an in-memory checkpoint: no
+//! component is compiled or instantiated. Each test drives the call lifecycle the instance
+//! drives (`begin_init`, `lend`, `begin_call`, …) and calls the WIT functions on the
+//! [`HostView`] the linker hands them.
+
+use statebox_state::{Checkpoint, PartitionTxn};
+use wasmtime::component::{Resource, ResourceTable};
+
+use super::log::{MAX_LOG_MESSAGE, MAX_LOGS_PER_CALL, log_line};
+use super::state::MAX_LIVE_ITERATORS;
+use super::timers::MAX_LIST_TIMERS;
+use super::vars::{MAX_PAGE, MAX_PAGE_BYTES};
+use super::*;
+use crate::bindings::statebox::processor::handle::Host as _;
+use crate::bindings::statebox::processor::keys::Host as _;
+use crate::bindings::statebox::processor::state::{
+    HostJsonIterator, HostListState, HostMapIterator, HostMapState, HostValueState,
+};
+use crate::bindings::statebox::processor::types::{ErrorKind, StateError};
+use crate::{BatchTimes, InstanceConfig, Limits, TimeMode};
+
+const KEY: &str = r#"["a"]"#;
+const OTHER: &str = r#"["b"]"#;
+const TIMES: BatchTimes = BatchTimes {
+    batch_id: 7,
+    batch_timestamp_ms: 10_000,
+    watermark_ms: 4_000,
+};
+
+fn host(mode: TimeMode) -> HostState {
+    host_with(mode, &Limits::default())
+}
+
+fn host_with(mode: TimeMode, limits: &Limits) -> HostState {
+    HostState::new(
+        "test".into(),
+        InstanceConfig::detached(mode),
+        limits,
+        ResourceTable::new(),
+    )
+}
+
+/// Another handle to the same resource, as the guest passes a borrowed handle each call.
+fn again<T: 'static>(res: &Resource<T>) -> Resource<T> {
+    Resource::new_borrow(res.rep())
+}
+
+/// The kind of a WIT error, failing the test on success.
+fn kind<T: std::fmt::Debug>(result: Result<T, StateError>) -> (ErrorKind, String) {
+    let e = result.expect_err("expected a WIT error");
+    (e.kind, e.message)
+}
+
+/// Declares in `init`: a value `count` (long), a list `items` (string), a map `tags`
+/// (string to long), and lends a fresh transaction of an in-memory checkpoint.
+struct Declared {
+    count: Resource<ValueStateRes>,
+    items: Resource<ListStateRes>,
+    tags: Resource<MapStateRes>,
+}
+
+fn declare(h: &mut HostState) -> Declared {
+    h.begin_init();
+    let mut v = h.view();
+    let count = v
+        .get_value_state("count".into(), "long".into(), None)
+        .unwrap()
+        .unwrap();
+    let items = v
+        .get_list_state("items".into(), "string".into(), None)
+        .unwrap()
+        .unwrap();
+    let tags = v
+        .get_map_state("tags".into(), "string".into(), "long".into(), None)
+        .unwrap()
+        .unwrap();
+    h.end_call();
+    Declared { count, items, tags }
+}
+
+fn lend(h: &mut HostState) -> Checkpoint {
+    let checkpoint = Checkpoint::in_memory();
+    h.lend(checkpoint.txn(0), TIMES);
+    checkpoint
+}
+
+fn take_back(h: &mut HostState) -> PartitionTxn {
+    h.end_call();
+    h.take_back().expect("the transaction was lent")
+}
+
+#[test]
+fn value_get_update_clear() {
+    let mut h = host(TimeMode::None);
+    let d = declare(&mut h);
+    let _cp = lend(&mut h);
+    h.begin_call(KEY);
+    let mut v = h.view();
+    assert_eq!(
+        HostValueState::get(&mut v, again(&d.count))
+            .unwrap()
+            .unwrap(),
+        None
+    );
+    assert!(
+        !HostValueState::exists(&mut v, again(&d.count))
+            .unwrap()
+            .unwrap()
+    );
+    v.update(again(&d.count), "41".into()).unwrap().unwrap();
+    v.update(again(&d.count), "42".into()).unwrap().unwrap();
+    assert_eq!(
+        HostValueState::get(&mut v, again(&d.count))
+            .unwrap()
+            .unwrap()
+            .as_deref(),
+        Some("42")
+    );
+    HostValueState::clear(&mut v, again(&d.count))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        HostValueState::get(&mut v, again(&d.count))
+            .unwrap()
+            .unwrap(),
+        None
+    );
+    // A value that does not match the schema, and null, are the guest's errors.
+    let (k, m) = kind(v.update(again(&d.count), "\"x\"".into()).unwrap());
+    assert_eq!(k, ErrorKind::SchemaMismatch, "{m}");
+    assert!(m.contains("`count`"), "{m}");
+    let (k, _) = kind(v.update(again(&d.count), " null ".into()).unwrap());
+    assert_eq!(k, ErrorKind::NullElement);
+}
+
+#[test]
+fn state_belongs_to_the_key_of_the_call() {
+    let mut h = host(TimeMode::None);
+    let d = declare(&mut h);
+    let _cp = lend(&mut h);
+    h.begin_call(KEY);
+    h.view()
+        .update(again(&d.count), "1".into())
+        .unwrap()
+        .unwrap();
+    h.end_call();
+    h.begin_call(OTHER);
+    assert_eq!(
+        HostValueState::get(&mut h.view(), again(&d.count))
+            .unwrap()
+            .unwrap(),
+        None
+    );
+    h.end_call();
+    h.begin_call(KEY);
+    assert_eq!(
+        HostValueState::get(&mut h.view(), again(&d.count))
+            .unwrap()
+            .unwrap()
+            .as_deref(),
+        Some("1")
+    );
+    let txn = take_back(&mut h);
+    // What the import wrote is in the transaction the engine gets back, under the key.
+    let id = h.view().sandbox.table.get(&d.count).unwrap().0.id;
+    assert_eq!(
+        txn.value_get(id, KEY.as_bytes()).unwrap().unwrap().payload,
+        b"1"
+    );
+    assert!(txn.value_get(id, OTHER.as_bytes()).unwrap().is_none());
+}
+
+#[test]
+fn list_append_put_clear_and_pages() {
+    let mut h = host(TimeMode::None);
+    let d = declare(&mut h);
+    let _cp = lend(&mut h);
+    h.begin_call(KEY);
+    let mut v = h.view();
+    assert!(
+        !HostListState::exists(&mut v, again(&d.items))
+            .unwrap()
+            .unwrap()
+    );
+    v.append_value(again(&d.items), "\"a\"".into())
+        .unwrap()
+        .unwrap();
+    v.append_list(again(&d.items), vec!["\"b\"".into(), "\"c\"".into()])
+        .unwrap()
+        .unwrap();
+    let it = HostListState::get(&mut v, again(&d.items))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        HostJsonIterator::next_page(&mut v, again(&it), 2)
+            .unwrap()
+            .unwrap(),
+        ["\"a\"", "\"b\""]
+    );
+    assert_eq!(
+        HostJsonIterator::next_page(&mut v, again(&it), 2)
+            .unwrap()
+            .unwrap(),
+        ["\"c\""]
+    );
+    assert!(
+        HostJsonIterator::next_page(&mut v, again(&it), 2)
+            .unwrap()
+            .unwrap()
+            .is_empty()
+    );
+    // An empty list cannot be put or appended; a bad element fails the whole append.
+    let (k, _) = kind(v.put(again(&d.items), vec![]).unwrap());
+    assert_eq!(k, ErrorKind::EmptyList);
+    let (k, _) = kind(
+        v.append_list(again(&d.items), vec!["\"d\"".into(), "1".into()])
+            .unwrap(),
+    );
+    assert_eq!(k, ErrorKind::SchemaMismatch);
+    v.put(again(&d.items), vec!["\"z\"".into()])
+        .unwrap()
+        .unwrap();
+    let it = HostListState::get(&mut v, again(&d.items))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        HostJsonIterator::next_page(&mut v, again(&it), 10)
+            .unwrap()
+            .unwrap(),
+        ["\"z\""]
+    );
+    HostListState::clear(&mut v, again(&d.items))
+        .unwrap()
+        .unwrap();
+    assert!(
+        !HostListState::exists(&mut v, again(&d.items))
+            .unwrap()
+            .unwrap()
+    );
+}
+
+#[test]
+fn a_page_is_bounded_by_count_and_by_bytes() {
+    let mut h = host(TimeMode::None);
+    let d = declare(&mut h);
+    let _cp = lend(&mut h);
+    h.begin_call(KEY);
+    let mut v = h.view();
+    // By count: whatever the guest asks for, at most MAX_PAGE elements (and at least one).
+    let many = (0..MAX_PAGE as usize + 10)
+        .map(|i| format!("\"{i}\""))
+        .collect();
+    v.append_list(again(&d.items), many).unwrap().unwrap();
+    let it = HostListState::get(&mut v, again(&d.items))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        HostJsonIterator::next_page(&mut v, again(&it), u32::MAX)
+            .unwrap()
+            .unwrap()
+            .len(),
+        MAX_PAGE as usize
+    );
+    assert_eq!(
+        HostJsonIterator::next_page(&mut v, again(&it), u32::MAX)
+            .unwrap()
+            .unwrap(),
+        (MAX_PAGE..MAX_PAGE + 10)
+            .map(|i| format!("\"{i}\""))
+            .collect::<Vec<_>>()
+    );
+    let it = HostListState::get(&mut v, again(&d.items))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        HostJsonIterator::next_page(&mut v, again(&it), 0)
+            .unwrap()
+            .unwrap(),
+        ["\"0\""]
+    );
+    // By bytes: a page ends once it holds MAX_PAGE_BYTES, however many were asked for.
+    HostListState::clear(&mut v, again(&d.items))
+        .unwrap()
+        .unwrap();
+    let big = format!("\"{}\"", "x".repeat(MAX_PAGE_BYTES / 4));
+    v.put(again(&d.items), vec![big.clone(); 10])
+        .unwrap()
+        .unwrap();
+    let it = HostListState::get(&mut v, again(&d.items))
+        .unwrap()
+        .unwrap();
+    let mut pages = Vec::new();
+    loop {
+        let page = HostJsonIterator::next_page(&mut v, again(&it), 100)
+            .unwrap()
+            .unwrap();
+        if page.is_empty() {
+            break;
+        }
+        assert!(page.iter().all(|e| *e == big));
+        pages.push(page.len());
+    }
+    // Each element is a little over a quarter of the bound: four fill a page.
+    assert_eq!(pages, [4, 4, 2]);
+}
+
+#[test]
+fn map_update_get_remove_and_pages() {
+    let mut h = host(TimeMode::None);
+    let d = declare(&mut h);
+    let _cp = lend(&mut h);
+    h.begin_call(KEY);
+    let mut v = h.view();
+    assert!(
+        !HostMapState::exists(&mut v, again(&d.tags))
+            .unwrap()
+            .unwrap()
+    );
+    for (k, n) in [("b", 2), ("a", 1), ("c", 3)] {
+        v.update_value(again(&d.tags), format!("\"{k}\""), n.to_string())
+            .unwrap()
+            .unwrap();
+    }
+    assert_eq!(
+        v.get_value(again(&d.tags), "\"b\"".into())
+            .unwrap()
+            .unwrap()
+            .as_deref(),
+        Some("2")
+    );
+    assert!(
+        v.contains_key(again(&d.tags), "\"c\"".into())
+            .unwrap()
+            .unwrap()
+    );
+    v.remove_key(again(&d.tags), "\"c\"".into())
+        .unwrap()
+        .unwrap();
+    assert!(
+        !v.contains_key(again(&d.tags), "\"c\"".into())
+            .unwrap()
+            .unwrap()
+    );
+    let (k, _) = kind(v.get_value(again(&d.tags), "null".into()).unwrap());
+    assert_eq!(k, ErrorKind::NullElement);
+    let (k, _) = kind(
+        v.update_value(again(&d.tags), "1".into(), "1".into())
+            .unwrap(),
+    );
+    assert_eq!(k, ErrorKind::SchemaMismatch);
+    // Entries come in the byte order of the canonical user key, page by page.
+    let it = v.iterator(again(&d.tags)).unwrap().unwrap();
+    let page = HostMapIterator::next_page(&mut v, again(&it), 1)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (page[0].key.as_str(), page[0].value.as_str()),
+        ("\"a\"", "1")
+    );
+    let page = HostMapIterator::next_page(&mut v, again(&it), 5)
+        .unwrap()
+        .unwrap();
+    assert_eq!((page[0].key.as_str(), page.len()), ("\"b\"", 1));
+    let keys = HostMapState::keys(&mut v, again(&d.tags)).unwrap().unwrap();
+    assert_eq!(
+        HostJsonIterator::next_page(&mut v, again(&keys), 10)
+            .unwrap()
+            .unwrap(),
+        ["\"a\"", "\"b\""]
+    );
+    let values = HostMapState::values(&mut v, again(&d.tags))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        HostJsonIterator::next_page(&mut v, again(&values), 10)
+            .unwrap()
+            .unwrap(),
+        ["1", "2"]
+    );
+    HostMapState::clear(&mut v, again(&d.tags))
+        .unwrap()
+        .unwrap();
+    assert!(
+        !HostMapState::exists(&mut v, again(&d.tags))
+            .unwrap()
+            .unwrap()
+    );
+}
+
+#[test]
+fn timers_register_list_delete() {
+    let mut h = host(TimeMode::ProcessingTime);
+    let _d = declare(&mut h);
+    let _cp = lend(&mut h);
+    h.begin_call(KEY);
+    let mut v = h.view();
+    v.register_timer(30).unwrap().unwrap();
+    v.register_timer(20).unwrap().unwrap();
+    v.register_timer(30).unwrap().unwrap();
+    assert_eq!(v.list_timers().unwrap().unwrap(), [20, 30]);
+    v.delete_timer(30).unwrap().unwrap();
+    v.delete_timer(99).unwrap().unwrap();
+    assert_eq!(v.list_timers().unwrap().unwrap(), [20]);
+    h.end_call();
+    // Timers are the key's own.
+    h.begin_call(OTHER);
+    assert!(h.view().list_timers().unwrap().unwrap().is_empty());
+}
+
+#[test]
+fn list_timers_refuses_a_key_with_too_many() {
+    let mut h = host(TimeMode::EventTime);
+    let _d = declare(&mut h);
+    let _cp = lend(&mut h);
+    h.begin_call(KEY);
+    let mut v = h.view();
+    for ts in 0..MAX_LIST_TIMERS as i64 {
+        v.register_timer(ts).unwrap().unwrap();
+    }
+    assert_eq!(v.list_timers().unwrap().unwrap().len(), MAX_LIST_TIMERS);
+    v.register_timer(-1).unwrap().unwrap();
+    let (k, m) = kind(v.list_timers().unwrap());
+    assert_eq!(k, ErrorKind::LimitExceeded, "{m}");
+    assert!(m.contains(&MAX_LIST_TIMERS.to_string()), "{m}");
+}
+
+#[test]
+fn timers_need_a_time_mode() {
+    let mut h = host(TimeMode::None);
+    let _d = declare(&mut h);
+    let _cp = lend(&mut h);
+    h.begin_call(KEY);
+    let mut v = h.view();
+    let (k, m) = kind(v.register_timer(1).unwrap());
+    assert_eq!(k, ErrorKind::UnsupportedInTimeMode);
+    assert!(m.starts_with("register-timer"), "{m}");
+    assert_eq!(
+        kind(v.list_timers().unwrap()).0,
+        ErrorKind::UnsupportedInTimeMode
+    );
+    assert_eq!(
+        kind(v.delete_timer(1).unwrap()).0,
+        ErrorKind::UnsupportedInTimeMode
+    );
+}
+
+/// The TTL of a value written now counts from the one timer and TTL clock: the batch
+/// timestamp in processing time, the watermark in event time.
+#[test]
+fn ttl_expiry_follows_the_timer_clock() {
+    for (mode, now) in [
+        (TimeMode::ProcessingTime, TIMES.batch_timestamp_ms),
+        (TimeMode::EventTime, TIMES.watermark_ms),
+    ] {
+        let mut h = host(mode);
+        h.begin_init();
+        let ttl = h
+            .view()
+            .get_value_state("ttl".into(), "long".into(), Some(500))
+            .unwrap()
+            .unwrap();
+        h.end_call();
+        let _cp = lend(&mut h);
+        h.begin_call(KEY);
+        h.view().update(again(&ttl), "1".into()).unwrap().unwrap();
+        let tv = h.timer_values();
+        let txn = take_back(&mut h);
+        let id = h.view().sandbox.table.get(&ttl).unwrap().0.id;
+        let stored = txn.value_get(id, KEY.as_bytes()).unwrap().unwrap();
+        assert_eq!(stored.expires_at_ms, Some(now + 500), "{mode}");
+        assert_eq!(tv.current_processing_time_ms, TIMES.batch_timestamp_ms);
+        let watermark = if mode == TimeMode::EventTime {
+            TIMES.watermark_ms
+        } else {
+            -1
+        };
+        assert_eq!(tv.current_watermark_ms, watermark);
+    }
+}
+
+#[test]
+fn declarations_are_checked() {
+    let mut h = host(TimeMode::None);
+    let d = declare(&mut h);
+    // Outside init: refused, and so is deleting.
+    let _cp = lend(&mut h);
+    h.begin_call(KEY);
+    let mut v = h.view();
+    let (k, m) = kind(
+        v.get_value_state("late".into(), "long".into(), None)
+            .unwrap(),
+    );
+    assert_eq!(k, ErrorKind::WrongPhase);
+    assert!(m.contains("`late`") && m.contains("init"), "{m}");
+    assert_eq!(
+        kind(v.delete_if_exists("count".into()).unwrap()).0,
+        ErrorKind::WrongPhase
+    );
+    h.end_call();
+    h.begin_init();
+    let mut v = h.view();
+    // A TTL without a time mode, a zero TTL, a bad schema, another kind under a name.
+    let (k, _) = kind(
+        v.get_value_state("t".into(), "long".into(), Some(5))
+            .unwrap(),
+    );
+    assert_eq!(k, ErrorKind::UnsupportedInTimeMode);
+    let (k, _) = kind(
+        v.get_value_state("t".into(), "long".into(), Some(0))
+            .unwrap(),
+    );
+    assert_eq!(k, ErrorKind::UnsupportedInTimeMode);
+    let (k, _) = kind(
+        v.get_value_state("s".into(), "no such type".into(), None)
+            .unwrap(),
+    );
+    assert_eq!(k, ErrorKind::InvalidSchema);
+    let (k, m) = kind(
+        v.get_list_state("count".into(), "long".into(), None)
+            .unwrap(),
+    );
+    assert_eq!(k, ErrorKind::InvalidUse, "{m}");
+    // The same declaration again is the same variable.
+    let again_count = v
+        .get_value_state("count".into(), "long".into(), None)
+        .unwrap()
+        .unwrap();
+    let id = |v: &HostView<'_>, r: &Resource<ValueStateRes>| v.sandbox.table.get(r).unwrap().0.id;
+    assert_eq!(id(&v, &again_count), id(&v, &d.count));
+}
+
+#[test]
+fn a_zero_ttl_is_refused() {
+    let mut h = host(TimeMode::ProcessingTime);
+    h.begin_init();
+    let (k, m) = kind(
+        h.view()
+            .get_value_state("t".into(), "long".into(), Some(0))
+            .unwrap(),
+    );
+    assert_eq!(k, ErrorKind::InvalidUse);
+    assert!(m.contains("TTL must be positive"), "{m}");
+}
+
+#[test]
+fn a_handle_the_host_never_gave_traps() {
+    let mut h = host(TimeMode::None);
+    let d = declare(&mut h);
+    let _cp = lend(&mut h);
+    h.begin_call(KEY);
+    let mut v = h.view();
+    // A variable never declared (no such handle): a trap, not a WIT error.
+    assert!(HostValueState::get(&mut v, Resource::<ValueStateRes>::new_borrow(999)).is_err());
+    // So does a handle of another kind of variable.
+    assert!(HostValueState::get(&mut v, Resource::new_borrow(d.items.rep())).is_err());
+}
+
+#[test]
+fn state_is_reachable_only_in_handlers() {
+    let mut h = host(TimeMode::ProcessingTime);
+    let d = declare(&mut h);
+    // In init: declarations only.
+    h.begin_init();
+    let (k, m) = kind(HostValueState::get(&mut h.view(), again(&d.count)).unwrap());
+    assert_eq!(k, ErrorKind::WrongPhase);
+    assert!(m.contains("not allowed in init"), "{m}");
+    h.end_call();
+    h.begin_close();
+    assert_eq!(
+        kind(h.view().register_timer(1).unwrap()).0,
+        ErrorKind::WrongPhase
+    );
+    h.end_call();
+    // A handler without a lent transaction.
+    h.begin_call(KEY);
+    let (k, m) = kind(HostValueState::get(&mut h.view(), again(&d.count)).unwrap());
+    assert_eq!(k, ErrorKind::WrongPhase);
+    assert!(m.contains("no batch is in progress"), "{m}");
+}
+
+#[test]
+fn a_batched_call_acts_on_the_selected_key_only() {
+    let mut h = host(TimeMode::ProcessingTime);
+    let d = declare(&mut h);
+    let _cp = lend(&mut h);
+    h.begin_batch_call(vec![KEY.into(), OTHER.into()]);
+    let mut v = h.view();
+    // Nothing is selected until use-key.
+    let (k, m) = kind(HostValueState::get(&mut v, again(&d.count)).unwrap());
+    assert_eq!(k, ErrorKind::WrongPhase);
+    assert!(m.contains("use-key"), "{m}");
+    let (k, m) = kind(v.use_key(2).unwrap());
+    assert_eq!(k, ErrorKind::InvalidUse);
+    assert!(m.contains("2 entries"), "{m}");
+    v.use_key(0).unwrap().unwrap();
+    v.update(again(&d.count), "10".into()).unwrap().unwrap();
+    v.use_key(1).unwrap().unwrap();
+    assert_eq!(
+        HostValueState::get(&mut v, again(&d.count))
+            .unwrap()
+            .unwrap(),
+        None
+    );
+    v.update(again(&d.count), "20".into()).unwrap().unwrap();
+    v.use_key(0).unwrap().unwrap();
+    assert_eq!(
+        HostValueState::get(&mut v, again(&d.count))
+            .unwrap()
+            .unwrap()
+            .as_deref(),
+        Some("10")
+    );
+    assert_eq!(h.selected_entry(), Some(0));
+    h.end_call();
+    // use-key outside a batched call.
+    h.begin_call(KEY);
+    assert_eq!(kind(h.view().use_key(0).unwrap()).0, ErrorKind::InvalidUse);
+    h.end_call();
+    let txn = take_back(&mut h);
+    let id = h.view().sandbox.table.get(&d.count).unwrap().0.id;
+    assert_eq!(
+        txn.value_get(id, OTHER.as_bytes())
+            .unwrap()
+            .unwrap()
+            .payload,
+        b"20"
+    );
+}
+
+#[test]
+fn an_iterator_works_only_in_its_call_and_for_its_key() {
+    let mut h = host(TimeMode::None);
+    let d = declare(&mut h);
+    let _cp = lend(&mut h);
+    h.begin_batch_call(vec![KEY.into(), OTHER.into()]);
+    let mut v = h.view();
+    v.use_key(0).unwrap().unwrap();
+    v.append_value(again(&d.items), "\"a\"".into())
+        .unwrap()
+        .unwrap();
+    let it = HostListState::get(&mut v, again(&d.items))
+        .unwrap()
+        .unwrap();
+    v.use_key(1).unwrap().unwrap();
+    let (k, _) = kind(HostJsonIterator::next_page(&mut v, again(&it), 10).unwrap());
+    assert_eq!(k, ErrorKind::InvalidUse);
+    // Back on its key, it works again (an async handler's iterator survives switches).
+    v.use_key(0).unwrap().unwrap();
+    assert_eq!(
+        HostJsonIterator::next_page(&mut v, again(&it), 10)
+            .unwrap()
+            .unwrap(),
+        ["\"a\""]
+    );
+    h.end_call();
+    // Not in a later call, even for the same key.
+    h.begin_call(KEY);
+    assert_eq!(
+        kind(HostJsonIterator::next_page(&mut h.view(), again(&it), 10).unwrap()).0,
+        ErrorKind::InvalidUse
+    );
+}
+
+#[test]
+fn open_iterators_are_limited() {
+    let mut h = host(TimeMode::None);
+    let d = declare(&mut h);
+    let _cp = lend(&mut h);
+    h.begin_call(KEY);
+    let mut v = h.view();
+    let mut open: Vec<_> = (0..MAX_LIVE_ITERATORS)
+        .map(|_| {
+            HostListState::get(&mut v, again(&d.items))
+                .unwrap()
+                .unwrap()
+        })
+        .collect();
+    let (k, m) = kind(v.iterator(again(&d.tags)).unwrap());
+    assert_eq!(k, ErrorKind::LimitExceeded);
+    assert!(m.contains(&MAX_LIVE_ITERATORS.to_string()), "{m}");
+    // Dropping one makes room for one.
+    let one = open.pop().unwrap();
+    HostJsonIterator::drop(&mut v, Resource::new_own(one.rep())).unwrap();
+    let map_it = v.iterator(again(&d.tags)).unwrap().unwrap();
+    assert_eq!(
+        kind(HostMapState::keys(&mut v, again(&d.tags)).unwrap()).0,
+        ErrorKind::LimitExceeded
+    );
+    HostMapIterator::drop(&mut v, Resource::new_own(map_it.rep())).unwrap();
+    assert!(HostMapState::keys(&mut v, again(&d.tags)).unwrap().is_ok());
+}
+
+#[test]
+fn state_written_per_batch_is_limited() {
+    let limits = Limits {
+        state_bytes_per_batch: 8,
+        ..Limits::default()
+    };
+    let mut h = host_with(TimeMode::None, &limits);
+    let d = declare(&mut h);
+    let _cp = lend(&mut h);
+    h.begin_call(KEY);
+    let mut v = h.view();
+    v.update(again(&d.count), "1234".into()).unwrap().unwrap();
+    v.update(again(&d.count), "1234".into()).unwrap().unwrap();
+    let (k, m) = kind(v.update(again(&d.count), "1".into()).unwrap());
+    assert_eq!(k, ErrorKind::LimitExceeded);
+    assert!(m.contains("more than 8 bytes"), "{m}");
+    // Map keys count too.
+    assert_eq!(
+        kind(
+            v.update_value(again(&d.tags), "\"k\"".into(), "1".into())
+                .unwrap()
+        )
+        .0,
+        ErrorKind::LimitExceeded
+    );
+    // The next batch starts over.
+    h.start_batch();
+    h.view()
+        .update(again(&d.count), "12345678".into())
+        .unwrap()
+        .unwrap();
+}
+
+#[test]
+fn describe_mode_records_init_and_touches_no_catalog() {
+    let mut h = host(TimeMode::None);
+    let catalog = statebox_state::catalog::Catalog::default();
+    h.start_describing(&catalog);
+    h.begin_init();
+    let mut v = h.view();
+    v.get_value_state("count".into(), "long".into(), None)
+        .unwrap()
+        .unwrap();
+    assert!(
+        v.get_list_state("count".into(), "long".into(), None)
+            .unwrap()
+            .is_err()
+    );
+    v.delete_if_exists("old".into()).unwrap().unwrap();
+    h.end_call();
+    let described = h.take_described();
+    assert_eq!(described.ops.len(), 3);
+    assert!(described.ops[0].1.is_ok() && described.ops[1].1.is_err());
+    assert!(
+        h.state
+            .config
+            .catalog
+            .lock()
+            .unwrap()
+            .get("count")
+            .is_none()
+    );
+}
+
+#[test]
+fn log_lines_are_escaped_and_cut() {
+    assert_eq!(log_line("a\nb\u{7}c"), "a\\nb\\u{7}c");
+    let long = "x".repeat(MAX_LOG_MESSAGE + 10);
+    let line = log_line(&long);
+    assert!(line.starts_with(&"x".repeat(MAX_LOG_MESSAGE)));
+    assert!(line.ends_with("… (10 more bytes cut)"), "{line}");
+}
+
+#[test]
+fn a_call_logs_only_so_many_messages() {
+    let mut h = host(TimeMode::None);
+    h.begin_init();
+    let lines: Vec<_> = (0..MAX_LOGS_PER_CALL + 5)
+        .map(|_| h.view().sandbox.log_message("m\r"))
+        .collect();
+    let kept = lines.iter().flatten().count();
+    assert_eq!(kept, MAX_LOGS_PER_CALL as usize);
+    assert_eq!(lines[0].as_deref(), Some("m\\r"));
+    let last = lines[MAX_LOGS_PER_CALL as usize - 1].as_deref().unwrap();
+    assert!(
+        last.starts_with("(this call's further messages are dropped)"),
+        "{last}"
+    );
+    h.end_call();
+    // The next call may log again.
+    h.begin_close();
+    assert!(h.view().sandbox.log_message("again").is_some());
+}
+
+#[test]
+fn query_info_names_the_batch_in_progress() {
+    let mut h = host(TimeMode::None);
+    assert_eq!(h.view().get_query_info().unwrap().batch_id, 0);
+    let _cp = lend(&mut h);
+    h.begin_call(KEY);
+    assert_eq!(h.view().get_query_info().unwrap().batch_id, TIMES.batch_id);
+}
