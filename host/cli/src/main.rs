@@ -223,7 +223,7 @@ fn parse_http_host(s: &str) -> Result<String, String> {
 
 impl SandboxArgs {
     pub(crate) fn runtime(&self) -> anyhow::Result<Runtime> {
-        Runtime::new(self.runtime_config())
+        Ok(Runtime::new(self.runtime_config())?)
     }
 
     pub(crate) fn runtime_config(&self) -> RuntimeConfig {
