@@ -79,7 +79,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         .map_err(anyhow::Error::msg)
         .context("invalid --default-quotas")?;
     anyhow::ensure!(args.max_attempts > 0, "--max-attempts must be at least 1");
-    statebox_server::run(ServerConfig {
+    let config = ServerConfig {
         data_dir: args.data_dir,
         listen: args.listen,
         admin_token,
@@ -97,5 +97,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             stop_wait: Duration::from_millis(args.stop_wait_ms),
             open_wait: Duration::from_millis(args.open_wait_ms),
         },
-    })
+    };
+    statebox_server::run(config)?;
+    Ok(())
 }

@@ -23,6 +23,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::App;
+use crate::api::{blocking, parse_json};
+use crate::app::AppError;
 use crate::auth::{Admin, Caller, TenantId};
 use crate::error::ApiError;
 use crate::pipeline::{PipelineHandle, RunState};
@@ -35,31 +37,6 @@ pub(crate) fn routes() -> Router<Arc<App>> {
         .route("/v1/pipelines/{id}/output/tail", get(output_tail))
         .route("/v1/usage", get(usage))
         .route("/v1/whoami", get(whoami))
-}
-
-/// Runs blocking work (disk, wasm) off the async workers.
-pub(crate) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> T + Send + 'static,
-) -> Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| ApiError::internal(format!("a server task failed: {e}")))
-}
-
-/// Parses a JSON request body; the error names the field at fault.
-pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T> {
-    let mut de = serde_json::Deserializer::from_slice(bytes);
-    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        if path == "." {
-            ApiError::bad_request(format!("invalid request body: {}", e.inner()))
-        } else {
-            ApiError::bad_request(format!("invalid request body: `{path}`: {}", e.inner()))
-        }
-    })?;
-    de.end()
-        .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))?;
-    Ok(value)
 }
 
 /// The caller's pipeline `id`; another tenant's answers 404 like a missing one.
@@ -165,13 +142,23 @@ async fn output_tail(
     // Rows before `start` were dropped by the output's retention.
     let start = h.output_start.load(Ordering::Acquire);
     if before < start {
-        return Err(crate::api::output_dropped("before", before, start));
+        return Err(AppError::OutputDropped {
+            param: "before",
+            offset: before,
+            start,
+        }
+        .into());
     }
     let path = PipelineHandle::output_path(&h.dir);
     let (rows, from) = blocking(move || read_tail(&path, start, before, limit)).await??;
     let start_now = h.output_start.load(Ordering::Acquire);
     if from < start_now {
-        return Err(crate::api::output_dropped("before", from, start_now));
+        return Err(AppError::OutputDropped {
+            param: "before",
+            offset: from,
+            start: start_now,
+        }
+        .into());
     }
     let body = format!(
         "{{\"rows\":[{}],\"count\":{},\"from\":{from},\"to\":{before},\"committed\":{committed},\"start\":{start},\"begin\":{}}}",

@@ -19,8 +19,9 @@ use serde::Deserialize;
 
 use crate::App;
 #[cfg(feature = "sql")]
-use crate::api_console::blocking;
-use crate::api_console::{parse_json, pipeline};
+use crate::api::blocking;
+use crate::api::parse_json;
+use crate::api_console::pipeline;
 use crate::auth::TenantId;
 use crate::error::ApiError;
 

@@ -17,7 +17,31 @@ use std::io::Write;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, bail};
+/// Why the compiled-component cache cannot be used: the server refuses to start, naming
+/// the directory or file (the operator's to fix).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CacheError {
+    /// The cache, or a file in it, is not one the server may trust: owned by another user,
+    /// writable by others, a symlink, a key that is not private or is damaged.
+    #[error("{0}")]
+    Untrusted(String),
+    /// A file operation on the cache failed.
+    #[error("{what}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The OS gave no randomness for the cache's key.
+    #[error("no randomness for a key: {0}")]
+    NoRandomness(String),
+}
+
+/// `what` as the context of an I/O error of the cache.
+fn io(what: String) -> impl FnOnce(std::io::Error) -> CacheError {
+    move |source| CacheError::Io { what, source }
+}
 
 /// The guarded cache directory and its MAC key.
 pub(crate) struct ArtefactGuard {
@@ -31,23 +55,23 @@ fn euid() -> u32 {
 }
 
 /// Refuses `path` unless it is owned by the server's user and writable by no one else.
-fn check_owned(path: &Path, meta: &std::fs::Metadata) -> anyhow::Result<()> {
+fn check_owned(path: &Path, meta: &std::fs::Metadata) -> Result<(), CacheError> {
     if meta.uid() != euid() {
-        bail!(
+        return Err(CacheError::Untrusted(format!(
             "{} belongs to user {}, not to the server's user {}: the server loads compiled \
              code only from a cache it owns",
             path.display(),
             meta.uid(),
             euid()
-        );
+        )));
     }
     if meta.mode() & 0o022 != 0 {
-        bail!(
+        return Err(CacheError::Untrusted(format!(
             "{} is writable by other users (mode {:o}): the server loads compiled code only \
              from a cache no one else can write",
             path.display(),
             meta.mode() & 0o7777
-        );
+        )));
     }
     Ok(())
 }
@@ -55,23 +79,24 @@ fn check_owned(path: &Path, meta: &std::fs::Metadata) -> anyhow::Result<()> {
 impl ArtefactGuard {
     /// Opens (creating it if needed) the cache directory `dir`; `own` says it is the
     /// server's own, which is made private.
-    pub fn open(dir: &Path, own: bool) -> anyhow::Result<ArtefactGuard> {
+    pub fn open(dir: &Path, own: bool) -> Result<ArtefactGuard, CacheError> {
         std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create the cache {}", dir.display()))?;
-        let meta = std::fs::symlink_metadata(dir)
-            .with_context(|| format!("cannot read {}", dir.display()))?;
+            .map_err(io(format!("cannot create the cache {}", dir.display())))?;
+        let meta =
+            std::fs::symlink_metadata(dir).map_err(io(format!("cannot read {}", dir.display())))?;
         if !meta.is_dir() {
-            bail!(
+            return Err(CacheError::Untrusted(format!(
                 "the cache {} is not a directory (a symlink?): the server loads compiled code \
                  only from a directory it owns",
                 dir.display()
-            );
+            )));
         }
         if own && meta.uid() == euid() && meta.mode() & 0o077 != 0 {
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-                .with_context(|| format!("cannot make {} private", dir.display()))?;
+                .map_err(io(format!("cannot make {} private", dir.display())))?;
         }
-        let meta = std::fs::symlink_metadata(dir)?;
+        let meta =
+            std::fs::symlink_metadata(dir).map_err(io(format!("cannot read {}", dir.display())))?;
         check_owned(dir, &meta)?;
         let key = read_or_create_key(&dir.join(".statebox-mac-key"))?;
         Ok(ArtefactGuard {
@@ -152,28 +177,29 @@ impl ArtefactGuard {
 }
 
 /// The MAC key in `path`, created (random, mode `0600`, atomically) if missing.
-fn read_or_create_key(path: &Path) -> anyhow::Result<[u8; 32]> {
+fn read_or_create_key(path: &Path) -> Result<[u8; 32], CacheError> {
     for _ in 0..2 {
         match std::fs::symlink_metadata(path) {
             Ok(meta) => {
                 if !meta.is_file() || meta.mode() & 0o077 != 0 {
-                    bail!(
+                    return Err(CacheError::Untrusted(format!(
                         "the cache's key {} is not a private file (mode {:o})",
                         path.display(),
                         meta.mode() & 0o7777
-                    );
+                    )));
                 }
                 check_owned(path, &meta)?;
-                let bytes = std::fs::read(path)
-                    .with_context(|| format!("cannot read {}", path.display()))?;
-                return <[u8; 32]>::try_from(bytes.as_slice())
-                    .map_err(|_| anyhow::anyhow!("the cache's key {} is damaged", path.display()));
+                let bytes =
+                    std::fs::read(path).map_err(io(format!("cannot read {}", path.display())))?;
+                return <[u8; 32]>::try_from(bytes.as_slice()).map_err(|_| {
+                    CacheError::Untrusted(format!("the cache's key {} is damaged", path.display()))
+                });
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+            Err(e) => return Err(io(format!("cannot read {}", path.display()))(e)),
         }
         let mut key = [0u8; 32];
-        getrandom::fill(&mut key).map_err(|e| anyhow::anyhow!("no randomness for a key: {e}"))?;
+        getrandom::fill(&mut key).map_err(|e| CacheError::NoRandomness(e.to_string()))?;
         // Written aside and linked into place: another server starting on the same cache
         // at the same time reads one whole key, never a half-written one.
         let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
@@ -183,19 +209,23 @@ fn read_or_create_key(path: &Path) -> anyhow::Result<[u8; 32]> {
                 .create_new(true)
                 .mode(0o600)
                 .open(&tmp)
-                .with_context(|| format!("cannot create {}", tmp.display()))?;
-            f.write_all(&key)?;
-            f.sync_all()?;
+                .map_err(io(format!("cannot create {}", tmp.display())))?;
+            f.write_all(&key)
+                .and_then(|()| f.sync_all())
+                .map_err(io(format!("cannot write {}", tmp.display())))?;
         }
         let linked = std::fs::hard_link(&tmp, path);
         let _ = std::fs::remove_file(&tmp);
         match linked {
             Ok(()) => return Ok(key),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e).with_context(|| format!("cannot create {}", path.display())),
+            Err(e) => return Err(io(format!("cannot create {}", path.display()))(e)),
         }
     }
-    bail!("cannot create the cache's key {}", path.display())
+    Err(CacheError::Untrusted(format!(
+        "cannot create the cache's key {}",
+        path.display()
+    )))
 }
 
 #[cfg(test)]

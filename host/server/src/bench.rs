@@ -9,10 +9,47 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
-use crate::{Quotas, Server, ServerConfig};
+use crate::{Quotas, ServeError, Server, ServerConfig};
+
+/// Why the benchmark could not run to its end.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BenchError {
+    /// The options do not describe a load (the caller's to fix).
+    #[error("{0}")]
+    Options(&'static str),
+    /// A file, the temporary data directory or a connection to the server failed.
+    #[error("{what}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The server answered what the benchmark did not expect (an error status, a response
+    /// it cannot parse), or a pipeline failed or did not catch up.
+    #[error("{0}")]
+    Server(String),
+    /// The server could not start, or stopped with an error.
+    #[error(transparent)]
+    Serve(#[from] ServeError),
+    /// A thread of the benchmark panicked.
+    #[error("{0} panicked")]
+    Panicked(&'static str),
+}
+
+/// An I/O error on the connection to the server.
+impl From<std::io::Error> for BenchError {
+    fn from(source: std::io::Error) -> BenchError {
+        BenchError::Io {
+            what: "the connection to the server failed".into(),
+            source,
+        }
+    }
+}
+
+type Result<T> = std::result::Result<T, BenchError>;
 
 /// The load to generate.
 #[derive(Clone, Debug)]
@@ -40,9 +77,11 @@ pub struct Client {
 
 impl Client {
     /// Connects to `addr`.
-    pub fn connect(addr: SocketAddr) -> anyhow::Result<Client> {
-        let stream =
-            TcpStream::connect(addr).with_context(|| format!("cannot connect to {addr}"))?;
+    pub fn connect(addr: SocketAddr) -> Result<Client> {
+        let stream = TcpStream::connect(addr).map_err(|source| BenchError::Io {
+            what: format!("cannot connect to {addr}"),
+            source,
+        })?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(Duration::from_secs(120)))?;
         Ok(Client {
@@ -59,7 +98,7 @@ impl Client {
         token: &str,
         content_type: &str,
         body: &[u8],
-    ) -> anyhow::Result<(u16, Vec<u8>)> {
+    ) -> Result<(u16, Vec<u8>)> {
         let head = format!(
             "{method} {path} HTTP/1.1\r\nhost: statebox\r\nauthorization: Bearer {token}\r\n\
              content-type: {content_type}\r\ncontent-length: {}\r\n\r\n",
@@ -73,7 +112,7 @@ impl Client {
             .split_whitespace()
             .nth(1)
             .and_then(|s| s.parse().ok())
-            .with_context(|| format!("bad status line `{}`", line.trim()))?;
+            .ok_or_else(|| BenchError::Server(format!("bad status line `{}`", line.trim())))?;
         let mut length = None;
         loop {
             line.clear();
@@ -88,20 +127,15 @@ impl Client {
                 length = value.trim().parse::<usize>().ok();
             }
         }
-        let length = length.context("the response has no content-length")?;
+        let length = length
+            .ok_or_else(|| BenchError::Server("the response has no content-length".into()))?;
         let mut body = vec![0; length];
         self.reader.read_exact(&mut body)?;
         Ok((status, body))
     }
 
     /// A JSON request that must succeed; returns the response.
-    pub fn json(
-        &mut self,
-        method: &str,
-        path: &str,
-        token: &str,
-        body: &Value,
-    ) -> anyhow::Result<Value> {
+    pub fn json(&mut self, method: &str, path: &str, token: &str, body: &Value) -> Result<Value> {
         // `null` sends no body: the server does not read the body of a GET.
         let text = if body.is_null() {
             String::new()
@@ -111,13 +145,19 @@ impl Client {
         let (status, bytes) =
             self.request(method, path, token, "application/json", text.as_bytes())?;
         if status >= 300 {
-            bail!(
+            return Err(BenchError::Server(format!(
                 "{method} {path}: {status} {}",
                 String::from_utf8_lossy(&bytes)
-            );
+            )));
         }
-        Ok(serde_json::from_slice(&bytes)?)
+        parse(&bytes)
     }
+}
+
+/// A response body as JSON.
+fn parse(bytes: &[u8]) -> Result<Value> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| BenchError::Server(format!("the response is not JSON: {e}")))
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
@@ -129,21 +169,32 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
 }
 
 /// Runs the load test; returns its report.
-pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
-    anyhow::ensure!(
-        opts.tenants > 0
-            && opts.clients_per_tenant > 0
-            && opts.requests_per_client > 0
-            && opts.rows_per_request > 0
-            && opts.keys > 0,
-        "--tenants, --clients, --requests, --rows and --keys must be positive"
-    );
-    let wasm = std::fs::read(&opts.processor)
-        .with_context(|| format!("cannot read {}", opts.processor.display()))?;
+pub fn run(opts: BenchOptions) -> Result<Value> {
+    if opts.tenants == 0
+        || opts.clients_per_tenant == 0
+        || opts.requests_per_client == 0
+        || opts.rows_per_request == 0
+        || opts.keys == 0
+    {
+        return Err(BenchError::Options(
+            "--tenants, --clients, --requests, --rows and --keys must be positive",
+        ));
+    }
+    let wasm = std::fs::read(&opts.processor).map_err(|source| BenchError::Io {
+        what: format!("cannot read {}", opts.processor.display()),
+        source,
+    })?;
     let data = tempfile::Builder::new()
         .prefix("statebox-bench-serve-")
-        .tempdir()?;
-    let admin = crate::registry::random_id("adm_", 32)?;
+        .tempdir()
+        .map_err(|source| BenchError::Io {
+            what: "cannot create a temporary data directory".into(),
+            source,
+        })?;
+    let admin = crate::registry::random_id("adm_", 32).map_err(|source| BenchError::Io {
+        what: "cannot make an admin token".into(),
+        source,
+    })?;
     let config = ServerConfig {
         data_dir: data.path().to_owned(),
         listen: "127.0.0.1:0".parse().expect("an address"),
@@ -156,15 +207,19 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
     };
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = std::thread::spawn(move || -> anyhow::Result<()> {
+    let server = std::thread::spawn(move || -> Result<()> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
-            .build()?;
+            .build()
+            .map_err(|source| BenchError::Io {
+                what: "cannot start the async runtime".into(),
+                source,
+            })?;
         rt.block_on(async move {
             let server = match Server::start(config).await {
                 Ok(s) => s,
                 Err(e) => {
-                    let _ = addr_tx.send(Err(format!("{e:#}")));
+                    let _ = addr_tx.send(Err(e));
                     return Ok(());
                 }
             };
@@ -174,12 +229,12 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
                     let _ = stop_rx.await;
                 })
                 .await
+                .map_err(BenchError::from)
         })
     });
     let addr = addr_rx
         .recv()
-        .context("the server thread ended")?
-        .map_err(anyhow::Error::msg)?;
+        .map_err(|_| BenchError::Server("the server thread ended".into()))??;
 
     let mut setup = Client::connect(addr)?;
     let mut tenants = Vec::new();
@@ -190,15 +245,19 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
             &admin,
             &json!({"name": format!("bench-{t}")}),
         )?;
-        let token = tenant["token"].as_str().context("no token")?.to_owned();
+        let token = tenant["token"]
+            .as_str()
+            .ok_or_else(|| BenchError::Server("no token".into()))?
+            .to_owned();
         let (status, body) =
             setup.request("POST", "/v1/processors", &token, "application/wasm", &wasm)?;
-        anyhow::ensure!(
-            status < 300,
-            "upload failed: {status} {}",
-            String::from_utf8_lossy(&body)
-        );
-        let processor: Value = serde_json::from_slice(&body)?;
+        if status >= 300 {
+            return Err(BenchError::Server(format!(
+                "upload failed: {status} {}",
+                String::from_utf8_lossy(&body)
+            )));
+        }
+        let processor = parse(&body)?;
         let pipeline = setup.json(
             "POST",
             "/v1/pipelines",
@@ -207,7 +266,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
         )?;
         let id = pipeline["id"]
             .as_str()
-            .context("no pipeline id")?
+            .ok_or_else(|| BenchError::Server("no pipeline id".into()))?
             .to_owned();
         tenants.push((token, id));
     }
@@ -218,48 +277,46 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
         for c in 0..opts.clients_per_tenant {
             let (token, path) = (token.clone(), format!("/v1/pipelines/{pipeline}/rows"));
             let opts = opts.clone();
-            workers.push(std::thread::spawn(
-                move || -> anyhow::Result<Vec<Duration>> {
-                    let mut client = Client::connect(addr)?;
-                    let mut latencies = Vec::with_capacity(opts.requests_per_client);
-                    let mut seq = (t * 1_000_003 + c * 7_919) as u64;
-                    for r in 0..opts.requests_per_client {
-                        let mut body = String::with_capacity(opts.rows_per_request * 32);
-                        for _ in 0..opts.rows_per_request {
-                            seq = seq
-                                .wrapping_mul(6_364_136_223_846_793_005)
-                                .wrapping_add(1_442_695_040_888_963_407);
-                            body.push_str(&format!(
-                                "{{\"k\":\"k{}\",\"c\":{c},\"r\":{r}}}\n",
-                                (seq >> 33) % opts.keys
-                            ));
-                        }
-                        let sent = Instant::now();
-                        let (status, reply) = client.request(
-                            "POST",
-                            &path,
-                            &token,
-                            "application/x-ndjson",
-                            body.as_bytes(),
-                        )?;
-                        latencies.push(sent.elapsed());
-                        if status != 200 {
-                            bail!(
-                                "ingest answered {status}: {}",
-                                String::from_utf8_lossy(&reply)
-                            );
-                        }
+            workers.push(std::thread::spawn(move || -> Result<Vec<Duration>> {
+                let mut client = Client::connect(addr)?;
+                let mut latencies = Vec::with_capacity(opts.requests_per_client);
+                let mut seq = (t * 1_000_003 + c * 7_919) as u64;
+                for r in 0..opts.requests_per_client {
+                    let mut body = String::with_capacity(opts.rows_per_request * 32);
+                    for _ in 0..opts.rows_per_request {
+                        seq = seq
+                            .wrapping_mul(6_364_136_223_846_793_005)
+                            .wrapping_add(1_442_695_040_888_963_407);
+                        body.push_str(&format!(
+                            "{{\"k\":\"k{}\",\"c\":{c},\"r\":{r}}}\n",
+                            (seq >> 33) % opts.keys
+                        ));
                     }
-                    Ok(latencies)
-                },
-            ));
+                    let sent = Instant::now();
+                    let (status, reply) = client.request(
+                        "POST",
+                        &path,
+                        &token,
+                        "application/x-ndjson",
+                        body.as_bytes(),
+                    )?;
+                    latencies.push(sent.elapsed());
+                    if status != 200 {
+                        return Err(BenchError::Server(format!(
+                            "ingest answered {status}: {}",
+                            String::from_utf8_lossy(&reply)
+                        )));
+                    }
+                }
+                Ok(latencies)
+            }));
         }
     }
     let mut latencies = Vec::new();
     for w in workers {
         latencies.extend(
             w.join()
-                .map_err(|_| anyhow::anyhow!("a client thread panicked"))??,
+                .map_err(|_| BenchError::Panicked("a client thread"))??,
         );
     }
     let ingest_seconds = started.elapsed().as_secs_f64();
@@ -276,12 +333,16 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
                 break;
             }
             if p["status"]["state"] == "failed" {
-                bail!("pipeline {id} failed: {}", p["status"]["failure"]);
+                return Err(BenchError::Server(format!(
+                    "pipeline {id} failed: {}",
+                    p["status"]["failure"]
+                )));
             }
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "pipeline {id} did not catch up in 10 minutes"
-            );
+            if Instant::now() >= deadline {
+                return Err(BenchError::Server(format!(
+                    "pipeline {id} did not catch up in 10 minutes"
+                )));
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -289,7 +350,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
     let _ = stop_tx.send(());
     server
         .join()
-        .map_err(|_| anyhow::anyhow!("the server thread panicked"))??;
+        .map_err(|_| BenchError::Panicked("the server thread"))??;
 
     latencies.sort();
     Ok(json!({

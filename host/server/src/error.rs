@@ -40,14 +40,6 @@ impl ApiError {
         )
     }
 
-    pub fn conflict(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::CONFLICT, "conflict", message)
-    }
-
-    pub fn quota(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::FORBIDDEN, "quota_exceeded", message)
-    }
-
     pub fn too_large(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", message)
     }
@@ -94,5 +86,46 @@ impl From<axum::extract::rejection::QueryRejection> for ApiError {
 impl From<axum::extract::rejection::PathRejection> for ApiError {
     fn from(r: axum::extract::rejection::PathRejection) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, "bad_request", r.body_text())
+    }
+}
+
+impl From<crate::app::AppError> for ApiError {
+    /// The status and code of each kind of refusal; the message is the error's own.
+    fn from(e: crate::app::AppError) -> ApiError {
+        use crate::app::AppError as E;
+        let message = e.to_string();
+        let (status, code) = match &e {
+            E::BadInput(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            E::NotFound { .. } => (StatusCode::NOT_FOUND, "not_found"),
+            E::Conflict { .. } => (StatusCode::CONFLICT, "conflict"),
+            E::Quota(_) => (StatusCode::FORBIDDEN, "quota_exceeded"),
+            E::RateLimited { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
+            E::InvalidProcessor(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_processor"),
+            E::IncompatibleProcessor { .. } => (StatusCode::CONFLICT, "incompatible_processor"),
+            E::KafkaBrokerNotGranted(_) => (StatusCode::FORBIDDEN, "kafka_broker_not_granted"),
+            E::ForbiddenKafkaOption(_) => {
+                (StatusCode::UNPROCESSABLE_ENTITY, "forbidden_kafka_option")
+            }
+            E::KafkaSource(_) => (StatusCode::CONFLICT, "kafka_source"),
+            E::KafkaSink(_) => (StatusCode::CONFLICT, "kafka_sink"),
+            E::Resuming => (StatusCode::SERVICE_UNAVAILABLE, "resuming"),
+            E::OutputDropped { .. } => (StatusCode::GONE, "output_dropped"),
+            E::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        };
+        let mut api = ApiError::new(status, code, message);
+        match e {
+            E::Conflict {
+                report: Some(report),
+                ..
+            }
+            | E::IncompatibleProcessor {
+                report: Some(report),
+                ..
+            } => api = api.with_details(json!({ "report": report })),
+            E::RateLimited { retry_after, .. } => api.retry_after = Some(retry_after),
+            E::Resuming => api.retry_after = Some(1),
+            _ => {}
+        }
+        api
     }
 }

@@ -196,3 +196,53 @@ pub(crate) fn render(pipelines: &[PipelineSample<'_>], tenants: &[TenantSample<'
     }
     out
 }
+
+impl crate::App {
+    /// The server's metrics in the Prometheus text format: every pipeline's, and every
+    /// tenant's CPU, memory high-water mark and rejected requests.
+    pub(crate) fn prometheus_text(&self) -> String {
+        let mut pipelines: Vec<std::sync::Arc<crate::pipeline::PipelineHandle>> = self
+            .pipelines
+            .lock()
+            .expect("pipelines lock")
+            .values()
+            .cloned()
+            .collect();
+        pipelines.sort_by(|a, b| (&a.tenant, &a.id).cmp(&(&b.tenant, &b.id)));
+        let failed: Vec<bool> = pipelines
+            .iter()
+            .map(|p| p.status().state == crate::pipeline::RunState::Failed)
+            .collect();
+        let samples: Vec<PipelineSample<'_>> = pipelines
+            .iter()
+            .zip(&failed)
+            .map(|(p, &failed)| PipelineSample {
+                tenant: &p.tenant,
+                pipeline: &p.id,
+                metrics: &p.metrics,
+                failed,
+            })
+            .collect();
+        let tenants: Vec<String> = self
+            .registry
+            .lock()
+            .expect("registry lock")
+            .data
+            .tenants
+            .keys()
+            .cloned()
+            .collect();
+        let rejected = self.rejected.lock().expect("rejected lock").clone();
+        let usage: Vec<_> = tenants.iter().map(|t| (t, self.usage(t))).collect();
+        let tenant_samples: Vec<TenantSample<'_>> = usage
+            .iter()
+            .map(|(t, u)| TenantSample {
+                tenant: t,
+                cpu_ns: u.cpu_ns.load(Ordering::Relaxed),
+                memory_high_water: u.memory_high_water.load(Ordering::Relaxed),
+                rejected_requests: rejected.get(*t).copied().unwrap_or(0),
+            })
+            .collect();
+        render(&samples, &tenant_samples)
+    }
+}

@@ -128,6 +128,49 @@ pub(crate) fn document() -> Value {
             }
         }
     });
-    crate::kafka::document(&mut doc);
+    kafka_document(&mut doc);
     doc
+}
+
+/// Adds the Kafka parts to the OpenAPI document: the grant endpoint, and the `source` and
+/// `sink` of a pipeline.
+fn kafka_document(doc: &mut Value) {
+    let error = json!({"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}});
+    doc["paths"]["/v1/tenants/{id}/kafka"] = json!({
+        "put": {
+            "summary": "Grant a tenant's pipelines the Kafka brokers they may read and write, replacing the previous list (admin only; `[]` revokes every grant). A grant covers the cluster behind the address: librdkafka connects to every broker the cluster advertises. Running pipelines that use a broker no longer listed stop, marked failed",
+            "security": [{"adminToken": []}],
+            "parameters": [{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}],
+            "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/KafkaGrant"}}}},
+            "responses": {"200": {"description": "{brokers, stopped}: the grant and the pipelines it stopped"}, "400": {"description": "a broker that is not HOST:PORT"}, "default": error},
+        },
+        "get": {
+            "summary": "The Kafka brokers granted to a tenant",
+            "security": [{"adminToken": []}],
+            "parameters": [{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}],
+            "responses": {"200": {"description": "{tenant, brokers}"}, "default": error},
+        },
+    });
+    let options = json!({"type": "object", "additionalProperties": {"type": "string"}, "description": format!("librdkafka settings; only {} (422 for any other; SASL mechanisms {})", crate::kafka::ALLOWED_OPTIONS.join(", "), crate::kafka::ALLOWED_SASL_MECHANISMS.join(", "))});
+    let list = json!({"oneOf": [{"type": "string", "description": "comma-separated"}, {"type": "array", "items": {"type": "string"}}]});
+    let schemas = &mut doc["components"]["schemas"];
+    schemas["KafkaGrant"] = json!({"type": "object", "required": ["brokers"], "properties": {
+        "brokers": {"type": "array", "items": {"type": "string", "description": "HOST:PORT"}},
+    }});
+    schemas["KafkaSource"] = json!({"type": "object", "required": ["brokers", "topics"], "properties": {
+        "brokers": list, "topics": list,
+        "starting_offsets": {"oneOf": [{"enum": ["earliest", "latest"]}, {"type": "object", "description": "{TOPIC: {PARTITION: OFFSET}}, -2 earliest, -1 latest"}], "default": "earliest"},
+        "max_records_per_batch": {"type": "integer"},
+        "columns": {"type": "array", "items": {"enum": ["key", "topic", "partition", "offset", "timestamp"]}},
+        "partition_idle_timeout_ms": {"type": "integer", "default": statebox_kafka::DEFAULT_IDLE_TIMEOUT_MS},
+        "options": options,
+    }});
+    schemas["KafkaSink"] = json!({"type": "object", "required": ["brokers", "topic"], "properties": {
+        "brokers": list, "topic": {"type": "string"}, "key": list,
+        "delivery": {"enum": ["exactly-once", "at-least-once"], "default": "exactly-once"},
+        "options": options,
+    }});
+    let pipeline = &mut schemas["CreatePipeline"]["properties"];
+    pipeline["source"] = json!({"oneOf": [{"const": "http"}, {"type": "object", "required": ["kafka"], "properties": {"kafka": {"$ref": "#/components/schemas/KafkaSource"}}}], "default": "http", "description": "HTTP ingest, or Kafka topics on brokers granted to the tenant (403 otherwise); a Kafka-source pipeline refuses ingest (409)"});
+    pipeline["sink"] = json!({"oneOf": [{"const": "output"}, {"type": "object", "required": ["kafka"], "properties": {"kafka": {"$ref": "#/components/schemas/KafkaSink"}}}], "default": "output", "description": "the output log, or a Kafka topic (one transaction per batch); reading the output of a Kafka-sink pipeline answers 409"});
 }

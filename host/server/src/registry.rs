@@ -265,6 +265,26 @@ pub struct RegistryData {
     pub pipelines: BTreeMap<String, PipelineRecord>,
 }
 
+/// Why the registry cannot be opened: the operator's to fix (the server refuses to start).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegistryError {
+    /// The file exists but cannot be read.
+    #[error("cannot read the registry {}", .path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not a registry (damaged, or edited by hand).
+    #[error("the registry {} is unreadable", .path.display())]
+    Unreadable {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
 /// The registry and the file it lives in.
 pub struct Registry {
     path: PathBuf,
@@ -273,13 +293,21 @@ pub struct Registry {
 
 impl Registry {
     /// Loads `path`, or starts empty if it does not exist.
-    pub fn open(path: &Path) -> anyhow::Result<Registry> {
+    pub fn open(path: &Path) -> Result<Registry, RegistryError> {
         let data = match std::fs::read(path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
-                anyhow::anyhow!("the registry {} is unreadable: {e}", path.display())
-            })?,
+            Ok(bytes) => {
+                serde_json::from_slice(&bytes).map_err(|source| RegistryError::Unreadable {
+                    path: path.to_owned(),
+                    source,
+                })?
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => RegistryData::default(),
-            Err(e) => anyhow::bail!("cannot read the registry {}: {e}", path.display()),
+            Err(source) => {
+                return Err(RegistryError::Read {
+                    path: path.to_owned(),
+                    source,
+                });
+            }
         };
         let mut registry = Registry {
             path: path.to_owned(),
