@@ -350,12 +350,9 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let live = std::io::stderr().is_terminal();
     let line_open = std::cell::Cell::new(false);
     let report = |r: &statebox_engine::BatchReport| {
-        let c = &r.commit;
+        let (c, t) = (&r.commit, &r.timing);
         if progress_json {
-            println!(
-                "{}",
-                serde_json::to_string(c).expect("a commit record serialises")
-            );
+            println!("{}", serde_json::to_string(r).expect("a report serialises"));
         }
         let line = format!(
             "batch {}: {} rows ({} rows/s), {} keys, {} output rows, {} late, {} timers fired, \
@@ -363,7 +360,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
              process {} ms, commit {} ms)",
             c.batch_id,
             c.input_rows,
-            c.rows_per_s,
+            t.rows_per_s,
             c.keys,
             c.output_rows,
             c.late_rows,
@@ -372,10 +369,10 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             c.state_rows_total,
             c.timers_total,
             c.watermark_ms,
-            c.duration_ms,
-            c.read_ms,
-            c.process_ms,
-            c.commit_ms
+            t.duration_ms,
+            t.read_ms,
+            t.process_ms,
+            t.commit_ms
         );
         // On a terminal the line is rewritten in place (a live progress line); in a log
         // every batch keeps its line.
@@ -402,14 +399,12 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
                 let flag = stop.clone();
                 ctrlc::set_handler(move || flag.store(true, std::sync::atomic::Ordering::SeqCst))
                     .context("cannot install the Ctrl-C handler")?;
-                let time_mode = query.config().time_mode;
                 while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                     let started = std::time::Instant::now();
-                    match query.run_next(None)? {
-                        Some(r) => report(&r),
-                        // Without new input, a no-data batch still fires timers and TTL.
-                        None if time_mode != TimeMode::None => report(&query.run_no_data(None)?),
-                        None => {}
+                    // Without new input, a tick may still run a no-data batch so timers
+                    // and TTL fire (the engine's `idle_tick_runs_no_data`).
+                    if let Some(r) = query.run_tick(None)? {
+                        report(&r);
                     }
                     let elapsed = started.elapsed();
                     let mut left = every.saturating_sub(elapsed);

@@ -117,7 +117,14 @@ pub struct BatchPlan {
     pub source: Option<serde_json::Value>,
 }
 
-/// The commit log entry, written atomically with the batch's state changes.
+/// The commit log entry, written atomically with the batch's state changes: what recovery
+/// reads (the batch, its times and watermarks, the output's committed length, the sink
+/// delivery) and what the batch did (rows, keys, timers, state counts), all of it the same
+/// however often the batch is re-run from its plan. How long it took is no part of it (see
+/// [`BatchTiming`]).
+///
+/// Records written before the timing moved out carry its fields too; they are ignored
+/// here (and read as the batch's [`BatchTiming`] by [`crate::StateReader::progress`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CommitRecord {
     /// The batch id.
@@ -134,14 +141,6 @@ pub struct CommitRecord {
     pub output_rows: u64,
     /// Distinct grouping keys called.
     pub keys: u64,
-    /// Wall time of the batch in milliseconds.
-    pub duration_ms: u64,
-    /// Milliseconds spent reading and decoding input.
-    pub read_ms: u64,
-    /// Milliseconds spent in processor calls (all partitions, in parallel).
-    pub process_ms: u64,
-    /// Milliseconds spent writing output and committing state.
-    pub commit_ms: u64,
     /// Input rows dropped as late (event time at or before the watermark).
     #[serde(default)]
     pub late_rows: u64,
@@ -151,15 +150,6 @@ pub struct CommitRecord {
     /// State values, list elements and map entries removed by TTL.
     #[serde(default)]
     pub ttl_removed: u64,
-    /// Milliseconds spent firing timers (the slowest partition).
-    #[serde(default)]
-    pub timers_ms: u64,
-    /// Milliseconds spent removing expired state (the slowest partition).
-    #[serde(default)]
-    pub ttl_ms: u64,
-    /// Input rows per second of the batch's wall time.
-    #[serde(default)]
-    pub rows_per_s: f64,
     /// State variables by kind after the batch: value, list, map.
     #[serde(default)]
     pub variables: VariableCounts,
@@ -199,6 +189,52 @@ pub struct CommitRecord {
     pub sink_delivery: Option<String>,
 }
 
+/// How long a batch took, measured while it ran: reported with the batch and kept beside
+/// its commit record (`timing/<batch>`) for progress histories; recovery never reads it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BatchTiming {
+    /// Wall time of the batch in milliseconds.
+    pub duration_ms: u64,
+    /// Milliseconds spent reading and decoding input.
+    pub read_ms: u64,
+    /// Milliseconds spent in processor calls (all partitions, in parallel).
+    pub process_ms: u64,
+    /// Milliseconds spent writing output and committing state. The timing kept in the
+    /// checkpoint is written inside the commit, so there it stops short of the commit's
+    /// own write; the report has the full figure.
+    pub commit_ms: u64,
+    /// Milliseconds spent firing timers (the slowest partition).
+    pub timers_ms: u64,
+    /// Milliseconds spent removing expired state (the slowest partition).
+    pub ttl_ms: u64,
+    /// Input rows per second of the batch's wall time.
+    pub rows_per_s: f64,
+}
+
+/// What one batch did and how long it took: the progress record of `statebox run
+/// --progress-json`, of the server's pipeline status and of [`crate::StateReader::progress`].
+/// Serialised as one flat object (the commit record's fields and the timing's).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BatchReport {
+    /// The commit record written.
+    #[serde(flatten)]
+    pub commit: CommitRecord,
+    /// How long the batch took.
+    #[serde(flatten)]
+    pub timing: BatchTiming,
+}
+
+/// A report reads as its commit record (`report.batch_id`), the part every reader of
+/// progress wants; the timing is `report.timing`.
+impl std::ops::Deref for BatchReport {
+    type Target = CommitRecord;
+
+    fn deref(&self) -> &CommitRecord {
+        &self.commit
+    }
+}
+
 fn no_watermark() -> i64 {
     -1
 }
@@ -232,6 +268,8 @@ pub(crate) mod meta {
     pub const HEAD: &str = "head";
     pub const PLAN_PREFIX: &str = "plan/";
     pub const COMMIT_PREFIX: &str = "commit/";
+    /// Each batch's [`BatchTiming`](crate::BatchTiming), beside its commit record.
+    pub const TIMING_PREFIX: &str = "timing/";
     pub const SOURCE_PREFIX: &str = "source/";
     /// A record source's committed positions, by the source's own names.
     pub const INPUT_PREFIX: &str = "input/";
@@ -250,6 +288,10 @@ pub(crate) mod meta {
 
     pub fn commit(batch: u64) -> String {
         format!("{COMMIT_PREFIX}{batch:020}")
+    }
+
+    pub fn timing(batch: u64) -> String {
+        format!("{TIMING_PREFIX}{batch:020}")
     }
 
     pub fn source(file: &str) -> String {

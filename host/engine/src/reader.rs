@@ -15,7 +15,7 @@ use statebox_state::catalog::{Catalog, VarDef, VarKind};
 use statebox_state::{Checkpoint, StoreError, Undo, changelog, keys};
 
 use crate::config::meta;
-use crate::{CommitRecord, EngineError, QueryConfig, TimeMode};
+use crate::{BatchReport, CommitRecord, EngineError, QueryConfig, TimeMode};
 
 mod rows;
 
@@ -468,9 +468,11 @@ impl StateReader {
         }))
     }
 
-    /// The last `last_n` commit records (per-batch progress), oldest first. Holds at most
-    /// `last_n` records in memory.
-    pub fn progress(&self, last_n: usize) -> Result<Vec<CommitRecord>, EngineError> {
+    /// The last `last_n` batches' progress, oldest first: each commit record with the
+    /// timing kept beside it (for records from before the timing moved out of the commit
+    /// record, the timing fields the record itself carries). Holds at most `last_n`
+    /// records in memory.
+    pub fn progress(&self, last_n: usize) -> Result<Vec<BatchReport>, EngineError> {
         let mut out = VecDeque::with_capacity(last_n.min(1024));
         let mut failed = None;
         self.checkpoint
@@ -480,7 +482,7 @@ impl StateReader {
                         if out.len() == last_n {
                             out.pop_front();
                         }
-                        out.push_back(record);
+                        out.push_back((record, bytes.to_vec()));
                     }
                     Ok(true)
                 }
@@ -489,7 +491,20 @@ impl StateReader {
                     Ok(false)
                 }
             })?;
-        failed.map_or(Ok(out.into()), Err)
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        out.into_iter()
+            .map(|(commit, bytes)| {
+                let timing = match self.checkpoint.get_meta(&meta::timing(commit.batch_id))? {
+                    Some(timing) => timing,
+                    None => bytes,
+                };
+                let timing = serde_json::from_slice(&timing)
+                    .map_err(|e| EngineError::corrupt_record("batch timing", e))?;
+                Ok(BatchReport { commit, timing })
+            })
+            .collect()
     }
 
     /// Variable `name` as it was defined at `at_batch` (its kind and schemas then, which
@@ -577,7 +592,7 @@ pub fn read_metadata(dir: &Path) -> Result<Value, EngineError> {
 
 /// The last `last_n` commit records of the checkpoint in `dir`, oldest first; see
 /// [`StateReader::progress`].
-pub fn read_progress(dir: &Path, last_n: usize) -> Result<Vec<CommitRecord>, EngineError> {
+pub fn read_progress(dir: &Path, last_n: usize) -> Result<Vec<BatchReport>, EngineError> {
     StateReader::open(dir)?.progress(last_n)
 }
 

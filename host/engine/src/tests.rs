@@ -464,3 +464,152 @@ fn a_damaged_checkpoint_record_is_corrupt_state_not_a_bad_setting() {
         }
     }
 }
+
+/// A commit record as versions before the timing moved out of it wrote it: the timing
+/// fields inline, no `timing/<batch>` beside it.
+fn old_format_record(batch_id: u64, output_bytes: u64) -> Vec<u8> {
+    json!({
+        "batch_id": batch_id, "timestamp_ms": 1_000, "watermark_ms": -1,
+        "output_bytes": output_bytes, "input_rows": 3, "output_rows": 2, "keys": 2,
+        "duration_ms": 41, "read_ms": 7, "process_ms": 30, "commit_ms": 4, "late_rows": 0,
+        "timers_fired": 0, "ttl_removed": 0, "timers_ms": 0, "ttl_ms": 0, "rows_per_s": 73.0,
+        "variables": {"value": 1, "list": 1, "map": 1}, "state_rows_total": 6,
+        "state_rows_updated": 6, "state_rows_removed": 0, "timers_total": 0,
+        "timers_registered": 0, "timers_deleted": 0, "state_bytes_on_disk": 0,
+        "next_watermark_ms": -1
+    })
+    .to_string()
+    .into_bytes()
+}
+
+#[test]
+fn a_checkpoint_whose_commit_records_hold_timing_still_opens_and_goes_on() {
+    let dirs = Dirs::new();
+    dirs.add_input("0.jsonl", &["a", "b", "a"]);
+    let opts = dirs.options(TimeMode::None);
+    let mut query = Query::open(opts.clone(), Arc::new(NativeCounter::new())).unwrap();
+    let first = query.run_available(|_| {}).unwrap().remove(0);
+    drop(query);
+    // Batch 0's records rewritten as an earlier version wrote them.
+    let old = old_format_record(0, first.commit.output_bytes);
+    let cp = statebox_state::Checkpoint::open(&dirs.checkpoint).unwrap();
+    cp.commit(statebox_state::Commit {
+        drop_vars: Vec::new(),
+        txns: Vec::new(),
+        meta: vec![
+            ("timing/00000000000000000000".into(), None),
+            ("commit/00000000000000000000".into(), Some(old.clone())),
+            ("head".into(), Some(old)),
+        ],
+        changelog: None,
+    })
+    .unwrap();
+    drop(cp);
+
+    dirs.add_input("1.jsonl", &["a"]);
+    let mut query = Query::open(opts, Arc::new(NativeCounter::new())).unwrap();
+    let head = query.last_report().expect("batch 0");
+    assert_eq!(head.commit.batch_id, 0);
+    assert_eq!(head.commit.output_bytes, first.commit.output_bytes);
+    assert_eq!(
+        (head.timing.duration_ms, head.timing.rows_per_s),
+        (41, 73.0)
+    );
+    let second = query.run_available(|_| {}).unwrap().remove(0);
+    assert_eq!(second.commit.batch_id, 1);
+    // The old record's 6 state rows, and the list element `a`'s batch added.
+    assert_eq!(second.commit.state_rows_total, 7);
+    assert_eq!(query.last_report().as_ref(), Some(&second));
+    drop(query);
+    let mut counts: Vec<Value> = state(&dirs.checkpoint, "count")
+        .into_iter()
+        .map(|r| r["value"].clone())
+        .collect();
+    counts.sort_by_key(|v| v.to_string());
+    assert_eq!(counts, [json!(1), json!(3)]);
+
+    // The new record holds no timing; the progress shows each batch's all the same.
+    let cp = statebox_state::Checkpoint::open_read_only(&dirs.checkpoint).unwrap();
+    let stored: Value =
+        serde_json::from_slice(&cp.get_meta("commit/00000000000000000001").unwrap().unwrap())
+            .unwrap();
+    drop(cp);
+    for field in [
+        "duration_ms",
+        "read_ms",
+        "process_ms",
+        "commit_ms",
+        "rows_per_s",
+    ] {
+        assert!(stored.get(field).is_none(), "`{field}` stored in {stored}");
+    }
+    assert_eq!(stored["batch_id"], 1);
+    let progress = StateReader::open(&dirs.checkpoint)
+        .unwrap()
+        .progress(10)
+        .unwrap();
+    assert_eq!(progress[0].timing.read_ms, 7, "the old record's own timing");
+    assert_eq!(progress[1].commit, second.commit);
+    assert_eq!(progress[1].timing.read_ms, second.timing.read_ms);
+}
+
+#[test]
+fn a_report_prints_as_one_object_of_the_record_and_its_timing() {
+    let dirs = Dirs::new();
+    dirs.add_input("0.jsonl", &["a"]);
+    let mut query =
+        Query::open(dirs.options(TimeMode::None), Arc::new(NativeCounter::new())).unwrap();
+    let report = query.run_available(|_| {}).unwrap().remove(0);
+    let printed = serde_json::to_value(&report).unwrap();
+    assert_eq!(printed["batch_id"], 0);
+    assert_eq!(printed["input_rows"], 1);
+    assert_eq!(printed["duration_ms"], report.timing.duration_ms);
+    assert!(printed.get("rows_per_s").is_some(), "{printed}");
+    let back: crate::BatchReport = serde_json::from_value(printed).unwrap();
+    assert_eq!(back, report);
+}
+
+#[test]
+fn an_idle_tick_runs_a_no_data_batch_in_the_time_modes_only() {
+    assert!(!crate::idle_tick_runs_no_data(TimeMode::None));
+    assert!(crate::idle_tick_runs_no_data(TimeMode::ProcessingTime));
+    assert!(crate::idle_tick_runs_no_data(TimeMode::EventTime));
+
+    let dirs = Dirs::new();
+    dirs.add_input("0.jsonl", &["a"]);
+    let mut query =
+        Query::open(dirs.options(TimeMode::None), Arc::new(NativeCounter::new())).unwrap();
+    assert_eq!(
+        query
+            .run_tick(Some(1_000))
+            .unwrap()
+            .unwrap()
+            .commit
+            .input_rows,
+        1
+    );
+    assert!(
+        query.run_tick(Some(2_000)).unwrap().is_none(),
+        "nothing can be due"
+    );
+
+    let dirs = Dirs::new();
+    dirs.add_input("0.jsonl", &["a"]);
+    let factory = Arc::new(Reminder::new(Arc::new(AtomicU8::new(RUN))));
+    let mut query = Query::open(dirs.options(TimeMode::ProcessingTime), factory).unwrap();
+    assert_eq!(
+        query
+            .run_tick(Some(1_000))
+            .unwrap()
+            .unwrap()
+            .commit
+            .input_rows,
+        1
+    );
+    // No new input: the tick runs a no-data batch, which fires the timer due at 2000.
+    let idle = query
+        .run_tick(Some(2_000))
+        .unwrap()
+        .expect("a no-data batch");
+    assert_eq!((idle.commit.input_rows, idle.commit.timers_fired), (0, 1));
+}

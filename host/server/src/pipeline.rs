@@ -561,7 +561,7 @@ impl Runner {
         if ran == BATCHES_PER_ROUND {
             return Ok(true);
         }
-        if ran == 0 && tick && self.spec.time_mode != TimeMode::None {
+        if ran == 0 && tick && statebox_engine::idle_tick_runs_no_data(self.spec.time_mode) {
             self.spec.factory.meter.budget.reset();
             self.limit_state(query);
             let report = query.run_no_data(None).map_err(|e| self.failure(e))?;
@@ -639,7 +639,7 @@ impl Runner {
         let m = &self.handle.metrics;
         m.output_rows.fetch_add(c.output_rows, Ordering::Relaxed);
         m.batches.fetch_add(1, Ordering::Relaxed);
-        m.observe_batch(c.duration_ms as f64 / 1000.0);
+        m.observe_batch(report.timing.duration_ms as f64 / 1000.0);
         let state_bytes = dir_size(&self.spec.opts.checkpoint);
         m.state_bytes.store(state_bytes, Ordering::Relaxed);
         m.disk_bytes
@@ -657,7 +657,7 @@ impl Runner {
             batch_id = c.batch_id,
             input_rows = c.input_rows,
             output_rows = c.output_rows,
-            duration_ms = c.duration_ms,
+            duration_ms = report.timing.duration_ms,
             "batch committed"
         );
     }

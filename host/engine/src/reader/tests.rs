@@ -23,16 +23,9 @@ fn commit_record(batch_id: u64) -> CommitRecord {
         input_rows: batch_id,
         output_rows: 0,
         keys: 0,
-        duration_ms: 0,
-        read_ms: 0,
-        process_ms: 0,
-        commit_ms: 0,
         late_rows: 0,
         timers_fired: 0,
         ttl_removed: 0,
-        timers_ms: 0,
-        ttl_ms: 0,
-        rows_per_s: 0.0,
         variables: crate::VariableCounts::default(),
         state_bytes_on_disk: 0,
         state_rows_total: 0,
@@ -269,7 +262,7 @@ fn metadata_and_progress_describe_the_query() {
     let last: Vec<u64> = read_progress(dir.path(), 2)
         .unwrap()
         .iter()
-        .map(|c| c.batch_id)
+        .map(|c| c.commit.batch_id)
         .collect();
     assert_eq!(last, [1, 2]);
     assert_eq!(read_progress(dir.path(), 10).unwrap().len(), 3);
