@@ -17,6 +17,8 @@ use statebox_engine::{
 
 use crate::SandboxArgs;
 
+mod peers;
+
 #[derive(Subcommand)]
 pub(crate) enum BenchCommand {
     /// The counter workload: every key's count, list and map updated once per batch.
@@ -37,6 +39,10 @@ pub(crate) enum BenchCommand {
     /// same events from files (`bench count`) in the same run; then the end-to-end latency
     /// (produce → output committed and visible) with `--trigger interval=100ms`.
     Kafka(KafkaArgs),
+    /// The counter workload on Statebox, Flink 2.3 and Spark 4.3 side by side: the input
+    /// generated once, every engine run on it in the same run (peers installed by
+    /// `bench/peers/setup.sh`); one JSON line per engine, then a table.
+    Peers(peers::PeersArgs),
 }
 
 #[derive(Args)]
@@ -148,6 +154,10 @@ pub(crate) struct CountArgs {
     /// The counter component (default: build plugins/counter).
     #[arg(long)]
     processor: Option<PathBuf>,
+    /// After each engine's summary, one JSON line per batch: its input rows, keys, and
+    /// read, process and commit milliseconds, and its time relative to the first batch's.
+    #[arg(long)]
+    per_batch: bool,
     #[command(flatten)]
     sandbox: SandboxArgs,
 }
@@ -160,6 +170,7 @@ pub(crate) fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Serve(args) => serve(args),
         BenchCommand::Startup(args) => startup(args),
         BenchCommand::Kafka(args) => kafka(args),
+        BenchCommand::Peers(args) => peers::run(args),
     }
 }
 
@@ -258,64 +269,148 @@ fn count(args: CountArgs) -> anyhow::Result<()> {
     let dir = scratch.path();
     let input = dir.join("input");
     generate_count_input(&input, args.events, args.keys, args.batches)?;
+    let names: &[&'static str] = match args.engine {
+        Engine::Python => &["python", "wasm"],
+        Engine::Wasm => &["wasm"],
+        Engine::Native => &["native"],
+        Engine::All => &["wasm", "native"],
+    };
     let mut engines = Vec::new();
-    if args.engine == Engine::Python {
-        let runtime = args.sandbox.runtime()?;
-        let wasm = crate::plugin::resolve(&workspace_root().join("plugins/counter-py"))?;
-        let processor = runtime.load_file(&wasm)?;
-        engines.push(("python", Arc::new(processor) as Arc<dyn ProcessorFactory>));
-    }
-    if matches!(args.engine, Engine::Wasm | Engine::All | Engine::Python) {
-        let wasm = match &args.processor {
-            Some(p) => crate::plugin::resolve(p)?,
-            None => crate::plugin::resolve(&workspace_root().join("plugins/counter"))?,
-        };
-        let runtime = args.sandbox.runtime()?;
-        let processor = runtime.load_file(&wasm)?;
-        engines.push(("wasm", Arc::new(processor) as Arc<dyn ProcessorFactory>));
-    }
-    if matches!(args.engine, Engine::Native | Engine::All) {
+    for &name in names {
         engines.push((
-            "native",
-            Arc::new(NativeCounter::new()) as Arc<dyn ProcessorFactory>,
+            name,
+            counter_factory(name, &args.sandbox, args.processor.as_deref())?,
         ));
     }
     for (name, factory) in engines {
-        let run_dir = dir.join(name);
-        let opts = QueryOptions {
-            partitions: Some(args.partitions),
-            ..QueryOptions::new(
-                input.clone(),
-                run_dir.join("out.jsonl"),
-                run_dir.join("checkpoint"),
-                vec!["key".into()],
-            )
-        };
-        let started = Instant::now();
-        let mut query = Query::open(opts, factory)?;
-        let reports = query.run_available(|_| {})?;
-        let seconds = started.elapsed().as_secs_f64();
-        let output_rows: u64 = reports.iter().map(|r| r.commit.output_rows).sum();
-        let input_rows: u64 = reports.iter().map(|r| r.commit.input_rows).sum();
-        anyhow::ensure!(
-            input_rows == args.events,
-            "{name}: processed {input_rows} of {} events",
-            args.events
-        );
-        let line = json!({
-            "workload": "count",
-            "engine": name,
-            "events": args.events,
-            "keys": args.keys,
-            "batches": args.batches,
-            "partitions": args.partitions,
-            "seconds": (seconds * 1000.0).round() / 1000.0,
-            "events_per_s": (args.events as f64 / seconds).round(),
-            "output_rows": output_rows,
-        });
-        println!("{line}");
+        let run = run_count(name, factory, &input, dir, args.partitions, args.events)?;
+        println!("{}", run.summary(args.keys, args.batches, args.partitions));
+        if args.per_batch {
+            for line in run.batch_lines() {
+                println!("{line}");
+            }
+        }
     }
     Ok(())
+}
+
+/// The counter processor of a Statebox engine: `wasm` (the `counter` plugin, or
+/// `processor` if given), `python` (`plugins/counter-py`) or `native` (the same logic as
+/// `counter` compiled into the host).
+fn counter_factory(
+    engine: &str,
+    sandbox: &SandboxArgs,
+    processor: Option<&Path>,
+) -> anyhow::Result<Arc<dyn ProcessorFactory>> {
+    let plugin = match (engine, processor) {
+        ("native", _) => return Ok(Arc::new(NativeCounter::new())),
+        ("wasm", Some(p)) => crate::plugin::resolve(p)?,
+        ("wasm", None) => crate::plugin::resolve(&workspace_root().join("plugins/counter"))?,
+        ("python", _) => crate::plugin::resolve(&workspace_root().join("plugins/counter-py"))?,
+        _ => anyhow::bail!("no Statebox counter engine named {engine}"),
+    };
+    Ok(Arc::new(sandbox.runtime()?.load_file(&plugin)?))
+}
+
+/// One Statebox engine's run of the counter workload.
+struct CountRun {
+    engine: &'static str,
+    events: u64,
+    seconds: f64,
+    output_rows: u64,
+    batches: Vec<statebox_engine::BatchReport>,
+}
+
+/// Runs the counter `factory` over `input` (the files of [`generate_count_input`]) into a
+/// fresh checkpoint under `dir/engine`, and checks that it read `events` rows.
+fn run_count(
+    engine: &'static str,
+    factory: Arc<dyn ProcessorFactory>,
+    input: &Path,
+    dir: &Path,
+    partitions: u16,
+    events: u64,
+) -> anyhow::Result<CountRun> {
+    let run_dir = dir.join(engine);
+    let opts = QueryOptions {
+        partitions: Some(partitions),
+        ..QueryOptions::new(
+            input.to_owned(),
+            run_dir.join("out.jsonl"),
+            run_dir.join("checkpoint"),
+            vec!["key".into()],
+        )
+    };
+    let started = Instant::now();
+    let mut query = Query::open(opts, factory)?;
+    let reports = query.run_available(|_| {})?;
+    let seconds = started.elapsed().as_secs_f64();
+    let input_rows: u64 = reports.iter().map(|r| r.commit.input_rows).sum();
+    anyhow::ensure!(
+        input_rows == events,
+        "{engine}: processed {input_rows} of {events} events"
+    );
+    Ok(CountRun {
+        engine,
+        events,
+        seconds,
+        output_rows: reports.iter().map(|r| r.commit.output_rows).sum(),
+        batches: reports,
+    })
+}
+
+impl CountRun {
+    fn events_per_s(&self) -> f64 {
+        (self.events as f64 / self.seconds).round()
+    }
+
+    /// The slowest batch's wall time over the first's: with state growing batch by batch,
+    /// how much dearer a batch got (1.0 when every batch took as long as the first).
+    fn slowest_vs_first(&self) -> Option<f64> {
+        let first = self.batches.first()?.timing.duration_ms.max(1) as f64;
+        let slowest = self.batches.iter().map(|r| r.timing.duration_ms).max()? as f64;
+        Some((slowest / first * 100.0).round() / 100.0)
+    }
+
+    fn summary(&self, keys: u64, batches: u64, partitions: u16) -> serde_json::Value {
+        json!({
+            "workload": "count",
+            "engine": self.engine,
+            "events": self.events,
+            "keys": keys,
+            "batches": batches,
+            "partitions": partitions,
+            "seconds": (self.seconds * 1000.0).round() / 1000.0,
+            "events_per_s": self.events_per_s(),
+            "output_rows": self.output_rows,
+            "slowest_batch_vs_first": self.slowest_vs_first(),
+        })
+    }
+
+    /// One line per batch, from the batch's commit record.
+    fn batch_lines(&self) -> Vec<serde_json::Value> {
+        let first = self
+            .batches
+            .first()
+            .map_or(1, |r| r.timing.duration_ms.max(1)) as f64;
+        self.batches
+            .iter()
+            .map(|r| {
+                let (c, t) = (&r.commit, &r.timing);
+                json!({
+                    "engine": self.engine,
+                    "batch": c.batch_id,
+                    "input_rows": c.input_rows,
+                    "keys": c.keys,
+                    "read_ms": t.read_ms,
+                    "process_ms": t.process_ms,
+                    "commit_ms": t.commit_ms,
+                    "duration_ms": t.duration_ms,
+                    "vs_first": (t.duration_ms as f64 / first * 100.0).round() / 100.0,
+                })
+            })
+            .collect()
+    }
 }
 
 fn startup(args: StartupArgs) -> anyhow::Result<()> {
