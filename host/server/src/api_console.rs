@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::{StatusCode, header};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
@@ -62,9 +62,7 @@ async fn check_upgrade(
 ) -> Result<axum::Json<Value>> {
     let req: CheckUpgrade = parse_json(&body)?;
     let h = pipeline(&app, &tenant, &id)?;
-    let new = app
-        .processor_record(&tenant, &req.processor)
-        .map_err(|_| ApiError::not_found("processor", &req.processor))?;
+    let new = app.processor(&tenant, &req.processor)?;
     let current = app
         .registry
         .lock()
@@ -75,19 +73,9 @@ async fn check_upgrade(
         .map(|p| p.processor.clone())
         .unwrap_or_default();
     let processor = new.id.clone();
-    let (compatible, report) = blocking(move || -> Result<(bool, String)> {
-        let loaded = app
-            .load_processor(&tenant, &new)
-            .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_processor", e))?;
-        let checkpoint = PipelineHandle::checkpoint_dir(&h.dir);
-        let check = statebox_engine::check_upgrade(&checkpoint, &loaded).map_err(|e| {
-            ApiError::new(
-                StatusCode::CONFLICT,
-                "incompatible_processor",
-                format!("the new processor cannot be checked against the pipeline's state: {e}"),
-            )
-        })?;
-        Ok((check.is_compatible(), check.to_string()))
+    let (compatible, report) = blocking(move || {
+        app.check_processor_against(&h, &new)
+            .map(|(_, check)| (check.is_compatible(), check.to_string()))
     })
     .await??;
     Ok(axum::Json(json!({

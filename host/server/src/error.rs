@@ -129,3 +129,88 @@ impl From<crate::app::AppError> for ApiError {
         api
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::app::AppError;
+
+    /// The statuses and codes the API answered before the domain errors were typed: a
+    /// client (and the end-to-end tests) rely on them.
+    #[test]
+    fn every_domain_error_keeps_its_status_code_and_message() {
+        let cases = [
+            (AppError::bad_input("m"), 400, "bad_request", None),
+            (AppError::not_found("pipeline", "p"), 404, "not_found", None),
+            (AppError::conflict("m"), 409, "conflict", None),
+            (AppError::Quota("m".into()), 403, "quota_exceeded", None),
+            (
+                AppError::RateLimited {
+                    message: "m".into(),
+                    retry_after: 7,
+                },
+                429,
+                "rate_limited",
+                Some(7),
+            ),
+            (
+                AppError::InvalidProcessor("m".into()),
+                422,
+                "invalid_processor",
+                None,
+            ),
+            (
+                AppError::IncompatibleProcessor {
+                    message: "m".into(),
+                    report: Some("r".into()),
+                },
+                409,
+                "incompatible_processor",
+                None,
+            ),
+            (
+                AppError::KafkaBrokerNotGranted("m".into()),
+                403,
+                "kafka_broker_not_granted",
+                None,
+            ),
+            (
+                AppError::ForbiddenKafkaOption("m".into()),
+                422,
+                "forbidden_kafka_option",
+                None,
+            ),
+            (AppError::KafkaSource("m".into()), 409, "kafka_source", None),
+            (AppError::KafkaSink("m".into()), 409, "kafka_sink", None),
+            (AppError::Resuming, 503, "resuming", Some(1)),
+            (
+                AppError::OutputDropped {
+                    param: "after",
+                    offset: 1,
+                    start: 9,
+                },
+                410,
+                "output_dropped",
+                None,
+            ),
+            (AppError::internal("m"), 500, "internal", None),
+        ];
+        for (error, status, code, retry_after) in cases {
+            let message = error.to_string();
+            let api = ApiError::from(error);
+            assert_eq!(
+                (api.status.as_u16(), api.code, api.retry_after),
+                (status, code, retry_after),
+                "{message}"
+            );
+            assert_eq!(api.message, message);
+        }
+        let api = ApiError::from(AppError::not_found("pipeline", "pl_x"));
+        assert_eq!(api.message, "no pipeline `pl_x`");
+        let api = ApiError::from(AppError::Conflict {
+            message: "refused".into(),
+            report: Some("the report".into()),
+        });
+        assert_eq!(api.details, Some(json!({"report": "the report"})));
+    }
+}

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
-use statebox_engine::{OutputMode, TimeMode};
+use statebox_engine::{OutputMode, TimeMode, UpgradeCheck};
+use statebox_runtime::Processor;
 
 use super::tenants::save;
 use super::{App, AppError, AppResult, ingest_check};
@@ -14,7 +15,8 @@ use crate::MAX_NAME_BYTES;
 use crate::kafka::{SinkSpec, SourceSpec};
 use crate::pipeline::{PipelineHandle, STILL_STOPPING};
 use crate::registry::{
-    Desired, EventTimeSpec, PipelineRecord, Registry, now_ms, random_id, write_atomically,
+    Desired, EventTimeSpec, PipelineRecord, ProcessorRecord, Registry, now_ms, random_id,
+    write_atomically,
 };
 use crate::rows::compact_line;
 
@@ -105,6 +107,7 @@ impl std::fmt::Debug for Pipeline {
 }
 
 /// The outcome of an upgrade.
+#[derive(Debug)]
 pub(crate) struct Upgraded {
     pub pipeline: Pipeline,
     /// The compatibility report of the new processor against the pipeline's state.
@@ -114,6 +117,7 @@ pub(crate) struct Upgraded {
 }
 
 /// The outcome of a grant of outbound HTTP.
+#[derive(Debug)]
 pub(crate) struct Granted {
     pub pipeline: Pipeline,
     /// Whether the pipeline's runner restarts with the grant.
@@ -410,6 +414,28 @@ impl App {
         h.start(self.runner_spec(record, loaded)?, self.me.clone())
     }
 
+    /// Loads processor `new` (under its tenant's limits) and checks it against the state
+    /// of the pipeline `h`, changing nothing: whether it could take the pipeline over, and
+    /// why not. Blocks.
+    pub(crate) fn check_processor_against(
+        &self,
+        h: &PipelineHandle,
+        new: &ProcessorRecord,
+    ) -> AppResult<(Processor, UpgradeCheck)> {
+        let loaded = self
+            .load_processor(&new.tenant, new)
+            .map_err(AppError::InvalidProcessor)?;
+        let check =
+            statebox_engine::check_upgrade(&PipelineHandle::checkpoint_dir(&h.dir), &loaded)
+                .map_err(|e| AppError::IncompatibleProcessor {
+                    message: format!(
+                        "the new processor cannot be checked against the pipeline's state: {e}"
+                    ),
+                    report: None,
+                })?;
+        Ok((loaded, check))
+    }
+
     /// Moves the tenant's pipeline `id` to the tenant's processor `processor`, if its
     /// state allows (the report says what was checked); a running pipeline restarts on it
     /// (after its current batch). An outbound-HTTP grant does not pass to another
@@ -436,17 +462,7 @@ impl App {
             upgraded.http_hosts.clear();
             upgraded.http_hosts_for = None;
         }
-        let loaded = self
-            .load_processor(tenant, &new)
-            .map_err(AppError::InvalidProcessor)?;
-        let check =
-            statebox_engine::check_upgrade(&PipelineHandle::checkpoint_dir(&h.dir), &loaded)
-                .map_err(|e| AppError::IncompatibleProcessor {
-                    message: format!(
-                        "the new processor cannot be checked against the pipeline's state: {e}"
-                    ),
-                    report: None,
-                })?;
+        let (loaded, check) = self.check_processor_against(&h, &new)?;
         let report = check.to_string();
         if !check.is_compatible() {
             return Err(AppError::IncompatibleProcessor {

@@ -403,6 +403,47 @@ fn a_pipeline_is_created_fed_stopped_started_and_deleted() {
         .unwrap_or_else(|| panic!("{rows:?}"));
     assert_eq!(a["value"], 3, "{rows:?}");
 
+    // An upgrade to the same component is compatible and keeps the pipeline running.
+    let upgraded = app.upgrade_pipeline(t, &id, &processor.id).unwrap();
+    assert!(!upgraded.http_grant_dropped);
+    assert!(!upgraded.report.is_empty());
+    assert_eq!(upgraded.pipeline.record.desired, Desired::Running);
+    assert!(matches!(
+        app.upgrade_pipeline(t, &id, "pr_missing"),
+        Err(AppError::NotFound {
+            what: "processor",
+            ..
+        })
+    ));
+    // The admin's grant of outbound HTTP names the host at fault.
+    let e = bad_input(
+        app.grant_http_hosts(&id, &["ok.example".into(), "bad host".into()])
+            .unwrap_err(),
+    );
+    assert!(e.starts_with("`http_hosts[1]`"), "{e}");
+
+    // Past the ingest rate, rows are refused with when to retry, and nothing is taken.
+    app.patch_quotas(t, json!({"ingest_rows_per_s": 2}))
+        .unwrap();
+    app.buckets.lock().unwrap().clear();
+    // A full bucket admits one request larger than itself (and goes into debt).
+    let many = b"{\"k\":\"c\"}\n{\"k\":\"c\"}\n{\"k\":\"c\"}\n".to_vec();
+    assert_eq!(rt.block_on(app.ingest(&handle, many.into())).unwrap(), 3);
+    match rt
+        .block_on(app.ingest(&handle, b"{\"k\":\"c\"}".to_vec().into()))
+        .unwrap_err()
+    {
+        AppError::RateLimited {
+            message,
+            retry_after,
+        } => {
+            assert!(message.contains("`ingest_rows_per_s`"), "{message}");
+            assert!(retry_after >= 1);
+        }
+        other => panic!("expected a rate limit, got {other:?}"),
+    }
+    wait_processed(&app, t, &id, 7);
+
     // Another tenant sees none of it.
     let (other, _) = app.create_tenant("other".into(), None).unwrap();
     assert!(matches!(
@@ -425,4 +466,15 @@ fn a_pipeline_is_created_fed_stopped_started_and_deleted() {
     ));
     app.delete_processor(t, &processor.id).unwrap();
     assert!(!app.blob_path(&processor.hash).exists());
+}
+
+#[test]
+fn a_data_directory_serves_one_server_at_a_time() {
+    let first = test_app(Quotas::default());
+    let config = first.config.clone();
+    match App::open(config) {
+        Err(crate::ServeError::DataDirInUse(dir)) => assert_eq!(dir, first.config.data_dir),
+        Err(other) => panic!("expected the directory in use, got {other}"),
+        Ok(_) => panic!("a second server opened the same data directory"),
+    }
 }
