@@ -75,3 +75,45 @@ pub(crate) fn log_line(message: &str) -> String {
     }
     line
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::HostState;
+    use crate::{InstanceConfig, Limits, TimeMode};
+
+    #[test]
+    fn log_lines_are_escaped_and_cut() {
+        assert_eq!(log_line("a\nb\u{7}c"), "a\\nb\\u{7}c");
+        let long = "x".repeat(MAX_LOG_MESSAGE + 10);
+        let line = log_line(&long);
+        assert!(line.starts_with(&"x".repeat(MAX_LOG_MESSAGE)));
+        assert!(line.ends_with("… (10 more bytes cut)"), "{line}");
+    }
+
+    #[test]
+    fn a_call_logs_only_so_many_messages() {
+        let mut h = HostState::new(
+            "test".into(),
+            InstanceConfig::detached(TimeMode::None),
+            &Limits::default(),
+            wasmtime::component::ResourceTable::new(),
+        );
+        h.begin_init();
+        let lines: Vec<_> = (0..MAX_LOGS_PER_CALL + 5)
+            .map(|_| h.view().sandbox.log_message("m\r"))
+            .collect();
+        let kept = lines.iter().flatten().count();
+        assert_eq!(kept, MAX_LOGS_PER_CALL as usize);
+        assert_eq!(lines[0].as_deref(), Some("m\\r"));
+        let last = lines[MAX_LOGS_PER_CALL as usize - 1].as_deref().unwrap();
+        assert!(
+            last.starts_with("(this call's further messages are dropped)"),
+            "{last}"
+        );
+        h.end_call();
+        // The next call may log again.
+        h.begin_close();
+        assert!(h.view().sandbox.log_message("again").is_some());
+    }
+}

@@ -6,9 +6,7 @@
 use statebox_state::{Checkpoint, PartitionTxn};
 use wasmtime::component::{Resource, ResourceTable};
 
-use super::log::{MAX_LOG_MESSAGE, MAX_LOGS_PER_CALL, log_line};
 use super::state::MAX_LIVE_ITERATORS;
-use super::timers::MAX_LIST_TIMERS;
 use super::vars::{MAX_PAGE, MAX_PAGE_BYTES};
 use super::*;
 use crate::bindings::statebox::processor::handle::Host as _;
@@ -19,19 +17,19 @@ use crate::bindings::statebox::processor::state::{
 use crate::bindings::statebox::processor::types::{ErrorKind, StateError};
 use crate::{BatchTimes, InstanceConfig, Limits, TimeMode};
 
-const KEY: &str = r#"["a"]"#;
-const OTHER: &str = r#"["b"]"#;
-const TIMES: BatchTimes = BatchTimes {
+pub(super) const KEY: &str = r#"["a"]"#;
+pub(super) const OTHER: &str = r#"["b"]"#;
+pub(super) const TIMES: BatchTimes = BatchTimes {
     batch_id: 7,
     batch_timestamp_ms: 10_000,
     watermark_ms: 4_000,
 };
 
-fn host(mode: TimeMode) -> HostState {
+pub(super) fn host(mode: TimeMode) -> HostState {
     host_with(mode, &Limits::default())
 }
 
-fn host_with(mode: TimeMode, limits: &Limits) -> HostState {
+pub(super) fn host_with(mode: TimeMode, limits: &Limits) -> HostState {
     HostState::new(
         "test".into(),
         InstanceConfig::detached(mode),
@@ -41,25 +39,25 @@ fn host_with(mode: TimeMode, limits: &Limits) -> HostState {
 }
 
 /// Another handle to the same resource, as the guest passes a borrowed handle each call.
-fn again<T: 'static>(res: &Resource<T>) -> Resource<T> {
+pub(super) fn again<T: 'static>(res: &Resource<T>) -> Resource<T> {
     Resource::new_borrow(res.rep())
 }
 
 /// The kind of a WIT error, failing the test on success.
-fn kind<T: std::fmt::Debug>(result: Result<T, StateError>) -> (ErrorKind, String) {
+pub(super) fn kind<T: std::fmt::Debug>(result: Result<T, StateError>) -> (ErrorKind, String) {
     let e = result.expect_err("expected a WIT error");
     (e.kind, e.message)
 }
 
 /// Declares in `init`: a value `count` (long), a list `items` (string), a map `tags`
 /// (string to long), and lends a fresh transaction of an in-memory checkpoint.
-struct Declared {
-    count: Resource<ValueStateRes>,
-    items: Resource<ListStateRes>,
-    tags: Resource<MapStateRes>,
+pub(super) struct Declared {
+    pub(super) count: Resource<ValueStateRes>,
+    pub(super) items: Resource<ListStateRes>,
+    pub(super) tags: Resource<MapStateRes>,
 }
 
-fn declare(h: &mut HostState) -> Declared {
+pub(super) fn declare(h: &mut HostState) -> Declared {
     h.begin_init();
     let mut v = h.view();
     let count = v
@@ -78,13 +76,13 @@ fn declare(h: &mut HostState) -> Declared {
     Declared { count, items, tags }
 }
 
-fn lend(h: &mut HostState) -> Checkpoint {
+pub(super) fn lend(h: &mut HostState) -> Checkpoint {
     let checkpoint = Checkpoint::in_memory();
     h.lend(checkpoint.txn(0), TIMES);
     checkpoint
 }
 
-fn take_back(h: &mut HostState) -> PartitionTxn {
+pub(super) fn take_back(h: &mut HostState) -> PartitionTxn {
     h.end_call();
     h.take_back().expect("the transaction was lent")
 }
@@ -388,97 +386,6 @@ fn map_update_get_remove_and_pages() {
 }
 
 #[test]
-fn timers_register_list_delete() {
-    let mut h = host(TimeMode::ProcessingTime);
-    let _d = declare(&mut h);
-    let _cp = lend(&mut h);
-    h.begin_call(KEY);
-    let mut v = h.view();
-    v.register_timer(30).unwrap().unwrap();
-    v.register_timer(20).unwrap().unwrap();
-    v.register_timer(30).unwrap().unwrap();
-    assert_eq!(v.list_timers().unwrap().unwrap(), [20, 30]);
-    v.delete_timer(30).unwrap().unwrap();
-    v.delete_timer(99).unwrap().unwrap();
-    assert_eq!(v.list_timers().unwrap().unwrap(), [20]);
-    h.end_call();
-    // Timers are the key's own.
-    h.begin_call(OTHER);
-    assert!(h.view().list_timers().unwrap().unwrap().is_empty());
-}
-
-#[test]
-fn list_timers_refuses_a_key_with_too_many() {
-    let mut h = host(TimeMode::EventTime);
-    let _d = declare(&mut h);
-    let _cp = lend(&mut h);
-    h.begin_call(KEY);
-    let mut v = h.view();
-    for ts in 0..MAX_LIST_TIMERS as i64 {
-        v.register_timer(ts).unwrap().unwrap();
-    }
-    assert_eq!(v.list_timers().unwrap().unwrap().len(), MAX_LIST_TIMERS);
-    v.register_timer(-1).unwrap().unwrap();
-    let (k, m) = kind(v.list_timers().unwrap());
-    assert_eq!(k, ErrorKind::LimitExceeded, "{m}");
-    assert!(m.contains(&MAX_LIST_TIMERS.to_string()), "{m}");
-}
-
-#[test]
-fn timers_need_a_time_mode() {
-    let mut h = host(TimeMode::None);
-    let _d = declare(&mut h);
-    let _cp = lend(&mut h);
-    h.begin_call(KEY);
-    let mut v = h.view();
-    let (k, m) = kind(v.register_timer(1).unwrap());
-    assert_eq!(k, ErrorKind::UnsupportedInTimeMode);
-    assert!(m.starts_with("register-timer"), "{m}");
-    assert_eq!(
-        kind(v.list_timers().unwrap()).0,
-        ErrorKind::UnsupportedInTimeMode
-    );
-    assert_eq!(
-        kind(v.delete_timer(1).unwrap()).0,
-        ErrorKind::UnsupportedInTimeMode
-    );
-}
-
-/// The TTL of a value written now counts from the one timer and TTL clock: the batch
-/// timestamp in processing time, the watermark in event time.
-#[test]
-fn ttl_expiry_follows_the_timer_clock() {
-    for (mode, now) in [
-        (TimeMode::ProcessingTime, TIMES.batch_timestamp_ms),
-        (TimeMode::EventTime, TIMES.watermark_ms),
-    ] {
-        let mut h = host(mode);
-        h.begin_init();
-        let ttl = h
-            .view()
-            .get_value_state("ttl".into(), "long".into(), Some(500))
-            .unwrap()
-            .unwrap();
-        h.end_call();
-        let _cp = lend(&mut h);
-        h.begin_call(KEY);
-        h.view().update(again(&ttl), "1".into()).unwrap().unwrap();
-        let tv = h.timer_values();
-        let txn = take_back(&mut h);
-        let id = h.view().sandbox.table.get(&ttl).unwrap().0.id;
-        let stored = txn.value_get(id, KEY.as_bytes()).unwrap().unwrap();
-        assert_eq!(stored.expires_at_ms, Some(now + 500), "{mode}");
-        assert_eq!(tv.current_processing_time_ms, TIMES.batch_timestamp_ms);
-        let watermark = if mode == TimeMode::EventTime {
-            TIMES.watermark_ms
-        } else {
-            -1
-        };
-        assert_eq!(tv.current_watermark_ms, watermark);
-    }
-}
-
-#[test]
 fn declarations_are_checked() {
     let mut h = host(TimeMode::None);
     let d = declare(&mut h);
@@ -499,14 +406,9 @@ fn declarations_are_checked() {
     h.end_call();
     h.begin_init();
     let mut v = h.view();
-    // A TTL without a time mode, a zero TTL, a bad schema, another kind under a name.
+    // A TTL without a time mode, a bad schema, another kind under a name.
     let (k, _) = kind(
         v.get_value_state("t".into(), "long".into(), Some(5))
-            .unwrap(),
-    );
-    assert_eq!(k, ErrorKind::UnsupportedInTimeMode);
-    let (k, _) = kind(
-        v.get_value_state("t".into(), "long".into(), Some(0))
             .unwrap(),
     );
     assert_eq!(k, ErrorKind::UnsupportedInTimeMode);
@@ -755,40 +657,61 @@ fn describe_mode_records_init_and_touches_no_catalog() {
 }
 
 #[test]
-fn log_lines_are_escaped_and_cut() {
-    assert_eq!(log_line("a\nb\u{7}c"), "a\\nb\\u{7}c");
-    let long = "x".repeat(MAX_LOG_MESSAGE + 10);
-    let line = log_line(&long);
-    assert!(line.starts_with(&"x".repeat(MAX_LOG_MESSAGE)));
-    assert!(line.ends_with("… (10 more bytes cut)"), "{line}");
-}
-
-#[test]
-fn a_call_logs_only_so_many_messages() {
-    let mut h = host(TimeMode::None);
-    h.begin_init();
-    let lines: Vec<_> = (0..MAX_LOGS_PER_CALL + 5)
-        .map(|_| h.view().sandbox.log_message("m\r"))
-        .collect();
-    let kept = lines.iter().flatten().count();
-    assert_eq!(kept, MAX_LOGS_PER_CALL as usize);
-    assert_eq!(lines[0].as_deref(), Some("m\\r"));
-    let last = lines[MAX_LOGS_PER_CALL as usize - 1].as_deref().unwrap();
-    assert!(
-        last.starts_with("(this call's further messages are dropped)"),
-        "{last}"
-    );
-    h.end_call();
-    // The next call may log again.
-    h.begin_close();
-    assert!(h.view().sandbox.log_message("again").is_some());
-}
-
-#[test]
 fn query_info_names_the_batch_in_progress() {
     let mut h = host(TimeMode::None);
     assert_eq!(h.view().get_query_info().unwrap().batch_id, 0);
     let _cp = lend(&mut h);
     h.begin_call(KEY);
     assert_eq!(h.view().get_query_info().unwrap().batch_id, TIMES.batch_id);
+}
+
+/// A backend whose every operation fails, as a dying disk would.
+struct FailingStore;
+
+fn gone<T>() -> statebox_state::Result<T> {
+    Err(statebox_state::StoreError::Storage(
+        "the disk is gone".into(),
+    ))
+}
+
+impl statebox_state::KvEngine for FailingStore {
+    fn get_with(
+        &self,
+        _: &[u8],
+        _: &mut statebox_state::GetFn<'_>,
+    ) -> statebox_state::Result<bool> {
+        gone()
+    }
+
+    fn scan(
+        &self,
+        _: &[u8],
+        _: &[u8],
+        _: &mut statebox_state::ScanFn<'_>,
+    ) -> statebox_state::Result<()> {
+        gone()
+    }
+
+    fn write(&self, _: &statebox_state::WriteBatch) -> statebox_state::Result<()> {
+        gone()
+    }
+}
+
+/// A storage failure is the host's: the import traps (the guest cannot catch it as a WIT
+/// error) and the failure is kept for the report, which names it instead of the trap.
+#[test]
+fn a_storage_failure_traps_and_is_kept_for_the_report() {
+    let mut h = host(TimeMode::ProcessingTime);
+    let d = declare(&mut h);
+    let checkpoint = Checkpoint::with_engine(std::sync::Arc::new(FailingStore));
+    h.lend(checkpoint.txn(0), TIMES);
+    h.begin_call(KEY);
+    let trap = HostValueState::get(&mut h.view(), again(&d.count)).unwrap_err();
+    assert!(trap.to_string().contains("the disk is gone"), "{trap:#}");
+    let kept = h.take_internal_error().expect("the failure is kept");
+    assert!(
+        matches!(kept, statebox_state::StoreError::Storage(_)),
+        "{kept}"
+    );
+    assert!(h.take_internal_error().is_none());
 }

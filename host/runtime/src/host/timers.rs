@@ -98,3 +98,104 @@ impl HostView<'_> {
         Ok(Ok(timers))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::MAX_LIST_TIMERS;
+    use crate::TimeMode;
+    use crate::bindings::statebox::processor::handle::Host as _;
+    use crate::bindings::statebox::processor::state::HostValueState;
+    use crate::bindings::statebox::processor::types::ErrorKind;
+    use crate::host::tests::{KEY, OTHER, TIMES, again, declare, host, kind, lend, take_back};
+
+    #[test]
+    fn timers_register_list_delete() {
+        let mut h = host(TimeMode::ProcessingTime);
+        let _d = declare(&mut h);
+        let _cp = lend(&mut h);
+        h.begin_call(KEY);
+        let mut v = h.view();
+        v.register_timer(30).unwrap().unwrap();
+        v.register_timer(20).unwrap().unwrap();
+        v.register_timer(30).unwrap().unwrap();
+        assert_eq!(v.list_timers().unwrap().unwrap(), [20, 30]);
+        v.delete_timer(30).unwrap().unwrap();
+        v.delete_timer(99).unwrap().unwrap();
+        assert_eq!(v.list_timers().unwrap().unwrap(), [20]);
+        h.end_call();
+        // Timers are the key's own.
+        h.begin_call(OTHER);
+        assert!(h.view().list_timers().unwrap().unwrap().is_empty());
+    }
+
+    #[test]
+    fn list_timers_refuses_a_key_with_too_many() {
+        let mut h = host(TimeMode::EventTime);
+        let _d = declare(&mut h);
+        let _cp = lend(&mut h);
+        h.begin_call(KEY);
+        let mut v = h.view();
+        for ts in 0..MAX_LIST_TIMERS as i64 {
+            v.register_timer(ts).unwrap().unwrap();
+        }
+        assert_eq!(v.list_timers().unwrap().unwrap().len(), MAX_LIST_TIMERS);
+        v.register_timer(-1).unwrap().unwrap();
+        let (k, m) = kind(v.list_timers().unwrap());
+        assert_eq!(k, ErrorKind::LimitExceeded, "{m}");
+        assert!(m.contains(&MAX_LIST_TIMERS.to_string()), "{m}");
+    }
+
+    #[test]
+    fn timers_need_a_time_mode() {
+        let mut h = host(TimeMode::None);
+        let _d = declare(&mut h);
+        let _cp = lend(&mut h);
+        h.begin_call(KEY);
+        let mut v = h.view();
+        let (k, m) = kind(v.register_timer(1).unwrap());
+        assert_eq!(k, ErrorKind::UnsupportedInTimeMode);
+        assert!(m.starts_with("register-timer"), "{m}");
+        assert_eq!(
+            kind(v.list_timers().unwrap()).0,
+            ErrorKind::UnsupportedInTimeMode
+        );
+        assert_eq!(
+            kind(v.delete_timer(1).unwrap()).0,
+            ErrorKind::UnsupportedInTimeMode
+        );
+    }
+
+    /// The TTL of a value written now counts from the one timer and TTL clock: the batch
+    /// timestamp in processing time, the watermark in event time.
+    #[test]
+    fn ttl_expiry_follows_the_timer_clock() {
+        for (mode, now) in [
+            (TimeMode::ProcessingTime, TIMES.batch_timestamp_ms),
+            (TimeMode::EventTime, TIMES.watermark_ms),
+        ] {
+            let mut h = host(mode);
+            h.begin_init();
+            let ttl = h
+                .view()
+                .get_value_state("ttl".into(), "long".into(), Some(500))
+                .unwrap()
+                .unwrap();
+            h.end_call();
+            let _cp = lend(&mut h);
+            h.begin_call(KEY);
+            h.view().update(again(&ttl), "1".into()).unwrap().unwrap();
+            let tv = h.timer_values();
+            let txn = take_back(&mut h);
+            let id = h.view().sandbox.table.get(&ttl).unwrap().0.id;
+            let stored = txn.value_get(id, KEY.as_bytes()).unwrap().unwrap();
+            assert_eq!(stored.expires_at_ms, Some(now + 500), "{mode}");
+            assert_eq!(tv.current_processing_time_ms, TIMES.batch_timestamp_ms);
+            let watermark = if mode == TimeMode::EventTime {
+                TIMES.watermark_ms
+            } else {
+                -1
+            };
+            assert_eq!(tv.current_watermark_ms, watermark);
+        }
+    }
+}
