@@ -12,6 +12,7 @@ mod examples;
 mod guests_used;
 mod js;
 mod kafka;
+mod library_errors;
 mod pyspark_docs;
 mod pyspark_http;
 mod pyspark_tws;
