@@ -8,10 +8,13 @@
 //! cached too (a new key's reads are misses that stay misses until written).
 //!
 //! - **Bounded**: entries are charged their key and value bytes plus a fixed overhead; each of
-//!   [`SHARDS`] shards holds at most its share of the budget and evicts with the CLOCK
-//!   algorithm (an entry read since the hand last passed it gets a second chance).
-//! - **Ordered shards**: each shard is a `BTreeMap`, so a range delete (clearing a large
-//!   collection, dropping a variable) removes exactly the cached keys in its range.
+//!   [`SHARDS`] shards holds at most its share of the budget and evicts in sweeps that give
+//!   every entry read since the last sweep a second chance (CLOCK, one turn per sweep).
+//! - **Shards by grouping key**: a key's shard is chosen by its `[var][keylen][key]` part, so
+//!   every cached entry of one collection (a map's entries) is in one shard and clearing a
+//!   large collection (a range delete) looks at that shard only; other range deletes
+//!   (dropping a variable) look at every shard. Each shard is a hash map: lookups compare
+//!   one key, not a path of keys with long shared prefixes.
 //! - **No stale fills**: a read that missed fills the cache only if no write touched the
 //!   shard meanwhile (a per-shard version), so a value read before a commit can never
 //!   overwrite the one the commit wrote.
@@ -21,9 +24,7 @@
 //! Scans (list elements, map pages, timers, TTL, metadata) go to the backend: they are
 //! ordered reads the backend's iterators already serve well.
 
-use std::collections::BTreeMap;
 use std::hash::BuildHasher;
-use std::ops::Bound;
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -60,7 +61,7 @@ fn range_may_hold_cached(start: &[u8], end: &[u8]) -> bool {
 /// A cached read: the committed bytes, or `None` for a key known to be absent.
 struct Slot {
     value: Option<Box<[u8]>>,
-    /// Read since the clock hand last passed: survives the next sweep.
+    /// Read since the last sweep: survives the next one.
     referenced: bool,
 }
 
@@ -70,14 +71,20 @@ impl Slot {
     }
 }
 
+/// The length of `key`'s `[ns][var][keylen][key]` prefix, if it has one.
+fn grouping_prefix_len(key: &[u8]) -> Option<usize> {
+    let len = key.get(5..9)?;
+    let len = u32::from_be_bytes(len.try_into().ok()?) as usize;
+    let end = 9usize.checked_add(len)?;
+    (end <= key.len()).then_some(end)
+}
+
 #[derive(Default)]
 struct Shard {
-    map: BTreeMap<Box<[u8]>, Slot>,
+    map: hashbrown::HashMap<Box<[u8]>, Slot>,
     bytes: usize,
     /// Bumped by every write that touches the shard (see [`CachedEngine::get_with`]).
     version: u64,
-    /// Where the clock hand stopped: the sweep resumes after this key.
-    hand: Option<Box<[u8]>>,
 }
 
 impl Shard {
@@ -102,61 +109,43 @@ impl Shard {
         }
     }
 
-    fn remove_range(&mut self, start: &[u8], end: &[u8]) {
-        let doomed: Vec<Box<[u8]>> = self
-            .map
-            .range::<[u8], _>((Bound::Included(start), Bound::Excluded(end)))
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in doomed {
-            if let Some(slot) = self.map.remove(&k) {
-                self.bytes -= Slot::charge(&k, slot.value.as_deref());
+    /// Removes the cached keys for which `doomed` holds.
+    fn remove_where(&mut self, mut doomed: impl FnMut(&[u8]) -> bool) {
+        let mut freed = 0;
+        self.map.retain(|k, slot| {
+            let remove = doomed(k);
+            if remove {
+                freed += Slot::charge(k, slot.value.as_deref());
             }
-        }
+            !remove
+        });
+        self.bytes -= freed;
     }
 
     fn clear(&mut self) {
         self.map.clear();
         self.bytes = 0;
-        self.hand = None;
     }
 
-    /// CLOCK: walks from the hand, clearing the referenced bit of entries that have it and
-    /// evicting those that do not, until the shard holds at most `target` bytes. Stops after
-    /// two turns (by the second every bit is clear, so it only stops early on an empty map).
+    /// Sweeps until the shard holds at most `target` bytes: an entry read since the last
+    /// sweep loses its mark and stays, one that was not is evicted. Two sweeps at most: by
+    /// the second every mark is clear.
     fn evict(&mut self, target: usize) {
-        const CHUNK: usize = 256;
-        let mut budget_steps = 2 * self.map.len() + CHUNK;
-        while self.bytes > target && budget_steps > 0 && !self.map.is_empty() {
-            let from = match &self.hand {
-                Some(h) => Bound::Excluded(&h[..]),
-                None => Bound::Unbounded,
-            };
-            let mut doomed = Vec::new();
-            let mut stopped_at = None;
-            let mut seen = 0;
-            for (k, slot) in self.map.range_mut::<[u8], _>((from, Bound::Unbounded)) {
-                seen += 1;
-                if slot.referenced {
-                    slot.referenced = false;
-                } else {
-                    doomed.push(k.clone());
+        for _ in 0..2 {
+            let mut bytes = self.bytes;
+            self.map.retain(|k, slot| {
+                if bytes <= target {
+                    return true;
                 }
-                if seen == CHUNK {
-                    stopped_at = Some(k.clone());
-                    break;
+                if std::mem::take(&mut slot.referenced) {
+                    return true;
                 }
-            }
-            budget_steps = budget_steps.saturating_sub(seen.max(1));
-            // Past the last key the hand wraps around to the first.
-            self.hand = stopped_at;
-            for k in doomed {
-                if let Some(slot) = self.map.remove(&k) {
-                    self.bytes -= Slot::charge(&k, slot.value.as_deref());
-                }
-                if self.bytes <= target {
-                    break;
-                }
+                bytes -= Slot::charge(k, slot.value.as_deref());
+                false
+            });
+            self.bytes = bytes;
+            if self.bytes <= target {
+                return;
             }
         }
     }
@@ -187,8 +176,11 @@ impl<E: KvEngine> CachedEngine<E> {
         (0..SHARDS).map(|i| self.shard(i).bytes).sum()
     }
 
+    /// The shard of a cached key: chosen by its `[var][keylen][key]`, so one collection's
+    /// entries share a shard.
     fn shard_of(&self, key: &[u8]) -> usize {
-        (self.hasher.hash_one(key) as usize) % SHARDS
+        let part = grouping_prefix_len(key).map_or(key, |end| &key[1..end]);
+        (self.hasher.hash_one(part) as usize) % SHARDS
     }
 
     fn shard(&self, i: usize) -> MutexGuard<'_, Shard> {
@@ -244,9 +236,20 @@ impl<E: KvEngine> CachedEngine<E> {
                     self.shard(i).set(k, None, false, self.shard_budget);
                 }
                 WriteOp::DeleteRange(start, end) if range_may_hold_cached(start, end) => {
-                    for (i, t) in touched.iter_mut().enumerate() {
-                        *t = true;
-                        self.shard(i).remove_range(start, end);
+                    let one_collection = cached(start)
+                        && grouping_prefix_len(start) == Some(start.len())
+                        && *end == keys::prefix_successor(start);
+                    if one_collection {
+                        // Every key of the range starts with `start`, and all are in its shard.
+                        let i = self.shard_of(start);
+                        touched[i] = true;
+                        self.shard(i).remove_where(|k| k.starts_with(start));
+                    } else {
+                        for (i, t) in touched.iter_mut().enumerate() {
+                            *t = true;
+                            self.shard(i)
+                                .remove_where(|k| start.as_slice() <= k && k < end.as_slice());
+                        }
                     }
                 }
                 _ => {}
@@ -403,6 +406,29 @@ mod tests {
             let k = value_key(i);
             let want = !(start <= k && k < end);
             assert_eq!(e.get(&k).unwrap().is_some(), want, "key {i}");
+        }
+    }
+
+    #[test]
+    fn clearing_one_collection_removes_its_cached_entries_only() {
+        let e = CachedEngine::new(MemEngine::default(), 1 << 20);
+        let map_key = |key: &str, user: &str| {
+            let mut k = keys::var_key_prefix(keys::MAP, 3, key.as_bytes());
+            k.extend_from_slice(user.as_bytes());
+            k
+        };
+        for key in ["a", "b"] {
+            for user in ["x", "y", "z"] {
+                put(&e, &map_key(key, user), b"v");
+            }
+        }
+        let start = keys::var_key_prefix(keys::MAP, 3, b"a");
+        let mut b = WriteBatch::new();
+        b.delete_range(start.clone(), keys::prefix_successor(&start));
+        e.write(&b).unwrap();
+        for user in ["x", "y", "z"] {
+            assert_eq!(e.get(&map_key("a", user)).unwrap(), None, "a/{user}");
+            assert!(e.get(&map_key("b", user)).unwrap().is_some(), "b/{user}");
         }
     }
 
