@@ -5,6 +5,8 @@
 //! `guest-sdk/python/spark_compare.py --write-expected`; CI has no PySpark); a whole job
 //! script runs with `statebox run job.py`; and what the sandbox cannot run fails at build
 //! time with the file, the line and what to do.
+//!
+//! (Long because it holds one test per fixture and per unsupported construct.)
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -3,6 +3,9 @@
 //! validation, a counter pipeline giving the same output as `statebox run`, output paging,
 //! stop/start, upgrades, state reads, quotas, hostile processors, and `kill -9` in the middle
 //! of ingest and batches with exactly-once processing of every acknowledged row.
+//!
+//! (Long because it is the server's end-to-end suite; each test stands alone on its own
+//! server, sharing only the helpers in `tests/src`.)
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::BufRead;
@@ -868,6 +871,12 @@ fn hostile_processors_fail_their_own_pipeline_and_nothing_else() {
         assert_eq!(out[0]["action"], "ok");
         let s = bad.status(id);
         assert_eq!(s["status"]["last_progress"]["batch_id"], 0, "{action}: {s}");
+        // The console's "Rows/s (last batch)" reads the batch's timing beside its record.
+        assert!(
+            s["status"]["last_progress"]["rows_per_s"].is_number()
+                && s["status"]["last_progress"]["duration_ms"].is_u64(),
+            "{action}: {s}"
+        );
         // A failed pipeline can be started again; it fails again, the same way.
         if *action == "fail" {
             bad.post(&format!("/v1/pipelines/{id}/start"), &json!({}))

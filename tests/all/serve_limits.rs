@@ -2,6 +2,8 @@
 //! attack with a purpose-built processor or request against the real binary, and checks
 //! that the server stays up, that other tenants keep working, and that the failure names
 //! its cause.
+//!
+//! (Long because it holds one test per attack of the issue; each stands alone.)
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

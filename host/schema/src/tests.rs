@@ -1,4 +1,5 @@
 //! Tests of the public API: DDL, validation, canonical encoding, row scanning, evolution.
+//! (Long because it is one table-like list of cases per Spark type and rule.)
 
 use crate::*;
 

@@ -1,5 +1,7 @@
 //! Validation and canonical re-encoding of JSON values against a [`DataType`], in one
 //! streaming pass (a serde `DeserializeSeed` driven by `serde_json::Deserializer`).
+//! (One file on purpose: the seed, its visitors and the error path they share make one
+//! recursive pass.)
 //!
 //! Errors carry the path of the offending value. To keep the success path free of
 //! allocation the path is not tracked on the way down: the failing visitor records its

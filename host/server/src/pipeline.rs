@@ -22,9 +22,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use statebox_engine::{
-    BatchReport, CommitRecord, Endpoints, EngineError, Query, QueryOptions, TimeMode,
-};
+use statebox_engine::{BatchReport, Endpoints, EngineError, Query, QueryOptions, TimeMode};
 
 use crate::App;
 use crate::disk::{dir_size, pipeline_disk_bytes, reclaim_input};
@@ -62,8 +60,9 @@ pub(crate) struct Status {
     pub committed_output_bytes: u64,
     /// Bytes of the checkpoint on disk after the last batch.
     pub state_bytes: u64,
-    /// The last committed batch's progress record.
-    pub last_progress: Option<CommitRecord>,
+    /// The last committed batch's progress: its commit record and how long it took
+    /// (serialized as one flat object, as `--progress-json` prints it).
+    pub last_progress: Option<BatchReport>,
 }
 
 /// What the runner needs to run a pipeline.
@@ -407,9 +406,9 @@ impl Runner {
             s.last_error = None;
             s.failed_attempts = 0;
             s.state_bytes = state_bytes;
-            if let Some(head) = query.head() {
-                s.committed_output_bytes = head.output_bytes;
-                s.last_progress = Some(head.clone());
+            if let Some(last) = query.last_report() {
+                s.committed_output_bytes = last.output_bytes;
+                s.last_progress = Some(last);
             }
         });
         let _ = opened.send(Ok(()));
@@ -647,7 +646,7 @@ impl Runner {
         self.set_status(|s| {
             s.committed_output_bytes = c.output_bytes;
             s.state_bytes = state_bytes;
-            s.last_progress = Some(c.clone());
+            s.last_progress = Some(report.clone());
         });
         // Last, and released: whoever sees the batch's rows counted as processed (the API's
         // `rows_processed`) sees its state and disk bytes and its status too.

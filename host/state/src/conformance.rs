@@ -1,5 +1,8 @@
 //! The conformance suite: every `Checkpoint` / `PartitionTxn` behaviour, run against every
 //! backend by the `conformance!` macro at the bottom.
+//!
+//! (Long on purpose: one list of behaviours every backend must show, in one place, so the
+//! macro runs each of them against each backend.)
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -1,0 +1,213 @@
+//! Unit tests of the overlay's own mechanics (sealing, ordering, written bytes); the
+//! behaviour every backend must show is in the conformance suite.
+
+use super::*;
+use crate::overlay::POINT_DELETE_LIMIT;
+use crate::{Checkpoint, Commit};
+
+fn v(payload: &str) -> StoredValue {
+    StoredValue {
+        schema_id: 0,
+        expires_at_ms: None,
+        payload: payload.as_bytes().to_vec(),
+    }
+}
+
+fn commit(cp: &Checkpoint, txn: PartitionTxn) {
+    cp.commit(Commit {
+        txns: vec![txn],
+        ..Commit::default()
+    })
+    .unwrap();
+}
+
+fn op_key(op: &WriteOp) -> &[u8] {
+    match op {
+        WriteOp::Put(k, _) | WriteOp::Delete(k) | WriteOp::DeleteRange(k, _) => k,
+    }
+}
+
+#[test]
+fn written_bytes_count_the_values_keys_and_change_log_a_commit_writes() {
+    let cp = Checkpoint::in_memory();
+    assert_eq!(cp.txn(0).written_bytes(), 0, "nothing written");
+    let mut txn = cp.txn(0);
+    txn.value_put(1, b"k", v(&"x".repeat(10_000))).unwrap();
+    // The value, and the change log's copy of it.
+    let first = txn.written_bytes();
+    assert!(first > 20_000 && first < 20_200, "{first}");
+    commit(&cp, txn);
+    // Overwriting a value logs its before-image too.
+    let mut txn = cp.txn(0);
+    txn.value_put(1, b"k", v(&"y".repeat(10_000))).unwrap();
+    let second = txn.written_bytes();
+    assert!(second > 30_000 && second < 30_300, "{second}");
+    assert_eq!(txn.written_bytes(), second, "sealed once");
+}
+
+#[test]
+fn clearing_a_big_committed_collection_uses_one_range_tombstone() {
+    let cp = Checkpoint::in_memory();
+    let mut txn = cp.txn(0);
+    txn.list_append(1, b"small", vec![v("1"); POINT_DELETE_LIMIT])
+        .unwrap();
+    txn.list_append(1, b"big", vec![v("1"); POINT_DELETE_LIMIT + 1])
+        .unwrap();
+    commit(&cp, txn);
+
+    let mut txn = cp.txn(0);
+    txn.list_clear(1, b"small").unwrap();
+    // Point deletes for every element plus the list's metadata.
+    assert_eq!(txn.pending_writes(), POINT_DELETE_LIMIT + 1);
+    txn.list_clear(1, b"big").unwrap();
+    assert_eq!(txn.pending_writes(), POINT_DELETE_LIMIT + 2);
+    // Appends after the clear live inside the tombstone as points.
+    txn.list_append(1, b"big", vec![v("new")]).unwrap();
+    assert_eq!(txn.pending_writes(), POINT_DELETE_LIMIT + 3);
+    assert_eq!(txn.list_page(1, b"big", None, 10).unwrap(), [(0, v("new"))]);
+    let ops = txn.into_ops();
+    let ranges: Vec<&WriteOp> = ops
+        .iter()
+        .filter(|op| matches!(op, WriteOp::DeleteRange(..)))
+        .collect();
+    let (start, end) = keys::prefix_range(keys::list_prefix(1, b"big"));
+    assert_eq!(ranges, [&WriteOp::DeleteRange(start, end)]);
+    assert_eq!(ops.len(), POINT_DELETE_LIMIT + 4);
+    assert!(ops.contains(&WriteOp::Put(
+        keys::list_meta_key(1, b"big"),
+        1u64.to_be_bytes().to_vec()
+    )));
+    assert!(ops.contains(&WriteOp::Delete(keys::list_meta_key(1, b"small"))));
+}
+
+#[test]
+fn deletes_after_a_clear_cancel_buffered_puts_only() {
+    let cp = Checkpoint::in_memory();
+    let mut txn = cp.txn(0);
+    txn.map_put(1, b"k", b"a", v("a")).unwrap();
+    commit(&cp, txn);
+
+    let mut txn = cp.txn(0);
+    txn.map_clear(1, b"k").unwrap();
+    assert_eq!(txn.pending_writes(), 1, "the committed entry's delete");
+    txn.map_put(1, b"k", b"a", v("a2")).unwrap();
+    txn.map_put(1, b"k", b"b", v("b")).unwrap();
+    assert_eq!(txn.pending_writes(), 2);
+    txn.map_remove(1, b"k", b"a").unwrap();
+    txn.map_remove(1, b"k", b"b").unwrap();
+    txn.map_remove(1, b"k", b"never").unwrap();
+    assert_eq!(txn.pending_writes(), 1);
+    assert_eq!(
+        txn.into_ops(),
+        [WriteOp::Delete(keys::map_entry_key(1, b"k", b"a"))]
+    );
+}
+
+/// Everything the test below can see of the state.
+type Snapshot = Vec<(
+    Option<StoredValue>,
+    Vec<(u64, StoredValue)>,
+    Vec<(Vec<u8>, StoredValue)>,
+    Vec<i64>,
+)>;
+
+const KEYS: [&[u8]; 5] = [b"", b"a", b"a\0", b"b", b"big"];
+
+fn snapshot(txn: &PartitionTxn) -> (Snapshot, Vec<(i64, Vec<u8>)>) {
+    let per_key = KEYS
+        .iter()
+        .map(|k| {
+            (
+                txn.value_get(1, k).unwrap(),
+                txn.list_page(2, k, None, usize::MAX).unwrap(),
+                txn.map_page(3, k, None, usize::MAX).unwrap(),
+                txn.timer_list(k).unwrap(),
+            )
+        })
+        .collect();
+    (per_key, txn.timers_due(i64::MAX, usize::MAX).unwrap())
+}
+
+/// Random operations of every kind over committed state, big collections included:
+/// the sealed operations are in strictly ascending key order, and committing them shows
+/// exactly what the overlay showed.
+#[test]
+fn sealed_operations_are_sorted_and_reproduce_the_overlay() {
+    let cp = Checkpoint::in_memory();
+    let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = move |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let mut txn = cp.txn(0);
+    txn.list_append(2, b"big", (0..100).map(|i| v(&i.to_string())).collect())
+        .unwrap();
+    for i in 0..100u32 {
+        txn.map_put(3, b"big", &i.to_be_bytes(), v("old")).unwrap();
+    }
+    commit(&cp, txn);
+    for round in 0..6 {
+        let mut txn = cp.txn(0);
+        for step in 0..300 {
+            let key = KEYS[next(KEYS.len() as u64) as usize];
+            let value = if next(4) == 0 {
+                StoredValue {
+                    expires_at_ms: Some(next(50) as i64),
+                    ..v(&format!("{round}/{step}"))
+                }
+            } else {
+                v(&format!("{round}/{step}"))
+            };
+            let uk = (next(120) as u32).to_be_bytes();
+            match next(16) {
+                0..=1 => txn.value_put(1, key, value).unwrap(),
+                2 => txn.value_delete(1, key).unwrap(),
+                3..=4 => txn.list_append(2, key, vec![value.clone(), value]).unwrap(),
+                5 => txn.list_clear(2, key).unwrap(),
+                6 => txn.list_put(2, key, vec![value]).unwrap(),
+                7..=8 => txn.map_put(3, key, &uk, value).unwrap(),
+                9 => txn.map_remove(3, key, &uk).unwrap(),
+                10 => txn.map_clear(3, key).unwrap(),
+                11 => txn.timer_register(key, next(20) as i64 - 10).unwrap(),
+                12 => txn.timer_delete(key, next(20) as i64 - 10).unwrap(),
+                13 => {
+                    txn.ttl_cleanup(next(50) as i64).unwrap();
+                }
+                _ => {
+                    let seen = snapshot(&txn);
+                    assert_eq!(seen, snapshot(&txn));
+                }
+            }
+        }
+        let seen = snapshot(&txn);
+        let pending = txn.pending_writes();
+        txn.seal();
+        assert_eq!(txn.pending_writes(), pending);
+        let ops = txn.into_ops();
+        for w in ops.windows(2) {
+            assert!(op_key(&w[0]) < op_key(&w[1]), "round {round}: {w:?}");
+        }
+        let points = ops
+            .iter()
+            .filter(|op| !matches!(op, WriteOp::DeleteRange(..)))
+            .count();
+        assert_eq!(points, pending, "round {round}");
+        let mut batch = crate::WriteBatch::new();
+        batch.append(ops);
+        cp.engine().write(&batch).unwrap();
+        assert_eq!(snapshot(&cp.txn(0)), seen, "round {round}");
+    }
+}
+
+#[test]
+#[should_panic(expected = "sealed PartitionTxn")]
+fn a_sealed_transaction_refuses_state_access() {
+    let mut txn = Checkpoint::in_memory().txn(0);
+    txn.value_put(1, b"k", v("1")).unwrap();
+    txn.seal();
+    txn.seal();
+    assert_eq!(txn.pending_writes(), 1);
+    let _ = txn.value_get(1, b"k");
+}
