@@ -110,6 +110,10 @@ struct RunArgs {
     /// Files read per micro-batch.
     #[arg(long, default_value_t = 1)]
     max_files_per_batch: usize,
+    /// Committed state kept in memory in front of the checkpoint's RocksDB, in MiB (the
+    /// state cache; 0 turns it off).
+    #[arg(long, default_value_t = statebox_state::DEFAULT_STATE_CACHE_BYTES >> 20)]
+    state_cache_mb: usize,
     /// Input column with each row's event time (epoch ms or ISO-8601); event-time mode.
     #[arg(long, requires = "watermark_delay")]
     event_time: Option<String>,
@@ -325,6 +329,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         output_mode: args.output_mode,
         time_mode: args.time_mode,
         max_files_per_batch: args.max_files_per_batch,
+        state_cache_bytes: Some(args.state_cache_mb.saturating_mul(1 << 20)),
         event_time: args.event_time.map(|column| EventTimeOptions {
             column,
             watermark_delay_ms: args.watermark_delay.unwrap_or(0),

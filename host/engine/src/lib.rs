@@ -131,6 +131,10 @@ pub struct QueryOptions {
     pub max_bytes_per_batch: u64,
     /// Worker threads (default: the machine's cores).
     pub workers: Option<usize>,
+    /// Bytes of committed state kept in memory in front of the checkpoint's database (see
+    /// `statebox_state::cache`; default [`statebox_state::DEFAULT_STATE_CACHE_BYTES`], 0:
+    /// none).
+    pub state_cache_bytes: Option<usize>,
     /// Event time: the input column and the watermark delay (event-time mode only).
     pub event_time: Option<EventTimeOptions>,
     /// The output column holding event time, overriding the processor's declaration.
@@ -168,6 +172,7 @@ impl QueryOptions {
             max_files_per_batch: 1,
             max_bytes_per_batch: u64::MAX,
             workers: None,
+            state_cache_bytes: None,
             event_time: None,
             output_event_time_column: None,
             initial_state: None,

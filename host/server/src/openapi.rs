@@ -108,7 +108,8 @@ pub(crate) fn document() -> Value {
                     "max_workers": {"type": "integer", "description": "threads one pipeline's batch runs its partitions on at most (never more than the machine's cores)"},
                     "max_disk_bytes": {"type": "integer", "description": "bytes on disk over the tenant's pipelines (input, output, state) and processors (403 beyond)"},
                     "output_retention_bytes": {"type": "integer", "description": "committed output a pipeline keeps at most (default 1 GiB); older rows are dropped, whole segments at a time"},
-                    "output_retention_ms": {"type": "integer", "description": "age after which committed output is dropped (default 7 days)"}
+                    "output_retention_ms": {"type": "integer", "description": "age after which committed output is dropped (default 7 days)"},
+                    "state_cache_bytes": {"type": "integer", "description": "committed state one pipeline keeps in memory in front of its database (default 32 MiB; 0: none)"}
                 }},
                 "Capabilities": {"type": "object", "required": ["http_hosts"], "properties": {
                     "http_hosts": {"type": "array", "items": {"type": "string", "description": "`HOST` (any port) or `HOST:PORT`; an IPv6 address in brackets"}, "description": "Hosts the processor may send HTTP requests to; `[]` revokes every grant"}

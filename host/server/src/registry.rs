@@ -64,6 +64,10 @@ pub struct Quotas {
     /// Committed output older than this (since its batch committed) is dropped, in
     /// milliseconds.
     pub output_retention_ms: u64,
+    /// Committed state one pipeline keeps in memory in front of its database, in bytes
+    /// (the state cache; 0: none). Host memory a tenant's pipelines drive: at most
+    /// `max_pipelines` × this.
+    pub state_cache_bytes: u64,
 }
 
 impl Default for Quotas {
@@ -85,6 +89,7 @@ impl Default for Quotas {
             max_disk_bytes: 256 << 30,
             output_retention_bytes: 1 << 30,
             output_retention_ms: 7 * 24 * 3600 * 1000,
+            state_cache_bytes: 32 << 20,
         }
     }
 }

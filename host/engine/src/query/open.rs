@@ -59,7 +59,11 @@ impl Query {
                 opts.checkpoint.display()
             ))
         })?;
-        let checkpoint = Checkpoint::open(&opts.checkpoint)?;
+        let checkpoint = Checkpoint::open_with_cache(
+            &opts.checkpoint,
+            opts.state_cache_bytes
+                .unwrap_or(statebox_state::DEFAULT_STATE_CACHE_BYTES),
+        )?;
         let config = match checkpoint.get_meta(meta::QUERY)? {
             Some(bytes) => {
                 let stored: QueryConfig = serde_json::from_slice(&bytes)

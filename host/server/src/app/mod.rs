@@ -431,6 +431,9 @@ impl App {
             time_mode: Some(record.time_mode),
             max_files_per_batch: 64,
             max_bytes_per_batch: quotas.max_batch_bytes,
+            state_cache_bytes: Some(
+                usize::try_from(quotas.state_cache_bytes).unwrap_or(usize::MAX),
+            ),
             // A cap, not a demand: never more threads than cores.
             workers: Some(
                 (quotas.max_workers as usize)
