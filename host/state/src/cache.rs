@@ -3,9 +3,11 @@
 //! read or written, instead of descending RocksDB's memtables, filters and blocks every batch.
 //!
 //! The backend stays the durable truth. The cache holds committed bytes only: it is filled by
-//! point reads that miss and by every committed write (write-through, after the backend
-//! accepted the write), so what it answers is exactly what the backend would. Absent keys are
-//! cached too (a new key's reads are misses that stay misses until written).
+//! point reads that miss and find a value, and every committed write updates the keys it
+//! holds (after the backend accepted the write), so what it answers is exactly what the
+//! backend would. Absent keys and keys only written are not cached: on fresh state (a first
+//! batch, new keys) the cache costs no more than its misses, and a key is cached from its
+//! first read in a later batch on.
 //!
 //! - **Bounded**: entries are charged their key and value bytes plus a fixed overhead; each of
 //!   [`SHARDS`] shards holds at most its share of the budget and evicts in sweeps that give
@@ -109,6 +111,28 @@ impl Shard {
         }
     }
 
+    /// A committed write of `key` (`None`: deleted): updates the entry if the key is cached;
+    /// a key that is not stays uncached until it is read.
+    fn update(&mut self, key: &[u8], value: Option<&[u8]>, budget: usize) {
+        match value {
+            Some(v) => {
+                if let Some(slot) = self.map.get_mut(key) {
+                    let old = Slot::charge(key, slot.value.as_deref());
+                    slot.value = Some(Box::from(v));
+                    self.bytes = self.bytes - old + Slot::charge(key, Some(v));
+                    if self.bytes > budget {
+                        self.evict(budget * EVICT_TO_PERCENT / 100);
+                    }
+                }
+            }
+            None => {
+                if let Some(slot) = self.map.remove(key) {
+                    self.bytes -= Slot::charge(key, slot.value.as_deref());
+                }
+            }
+        }
+    }
+
     /// Removes the cached keys for which `doomed` holds.
     fn remove_where(&mut self, mut doomed: impl FnMut(&[u8]) -> bool) {
         let mut freed = 0;
@@ -206,6 +230,11 @@ impl<E: KvEngine> CachedEngine<E> {
     /// Caches what a read that missed at shard version `version` found, unless a write
     /// touched the shard since.
     fn fill(&self, key: &[u8], value: Option<&[u8]>, version: u64) {
+        // An absence is not cached: a new key's reads miss until its first commit writes it,
+        // and caching them would only add work to every first batch.
+        if value.is_none() {
+            return;
+        }
         let mut shard = self.shard(self.shard_of(key));
         if shard.version == version && !shard.map.contains_key(key) {
             shard.set(key, value, true, self.shard_budget);
@@ -228,12 +257,12 @@ impl<E: KvEngine> CachedEngine<E> {
                 WriteOp::Put(k, v) if cached(k) => {
                     let i = self.shard_of(k);
                     touched[i] = true;
-                    self.shard(i).set(k, Some(v), false, self.shard_budget);
+                    self.shard(i).update(k, Some(v), self.shard_budget);
                 }
                 WriteOp::Delete(k) if cached(k) => {
                     let i = self.shard_of(k);
                     touched[i] = true;
-                    self.shard(i).set(k, None, false, self.shard_budget);
+                    self.shard(i).update(k, None, self.shard_budget);
                 }
                 WriteOp::DeleteRange(start, end) if range_may_hold_cached(start, end) => {
                     let one_collection = cached(start)
@@ -379,17 +408,25 @@ mod tests {
         let e = CachedEngine::new(MemEngine::default(), 1 << 20);
         let k = value_key(1);
         assert_eq!(e.get(&k).unwrap(), None);
+        // An absence is not cached, nor is a key only written.
+        put(&e, &k, b"v0");
+        assert_eq!(e.cached_bytes(), 0);
+        assert_eq!(e.get(&k).unwrap().as_deref(), Some(&b"v0"[..]));
+        assert!(e.cached_bytes() > 0, "read once: cached");
         put(&e.inner, &k, b"behind the cache's back");
-        // The absent key was cached: the write that bypassed the cache is not seen.
-        assert_eq!(e.get(&k).unwrap(), None, "a cached miss");
-        put(&e, &k, b"v1");
-        assert_eq!(e.get(&k).unwrap().as_deref(), Some(&b"v1"[..]));
-        put(&e.inner, &k, b"behind again");
         assert_eq!(
             e.get(&k).unwrap().as_deref(),
-            Some(&b"v1"[..]),
+            Some(&b"v0"[..]),
             "a cached hit"
         );
+        // A committed write updates the cached key; a delete removes it.
+        put(&e, &k, b"v1");
+        assert_eq!(e.get(&k).unwrap().as_deref(), Some(&b"v1"[..]));
+        let mut b = WriteBatch::new();
+        b.delete(k.clone());
+        e.write(&b).unwrap();
+        assert_eq!(e.get(&k).unwrap(), None);
+        assert_eq!(e.cached_bytes(), 0);
     }
 
     #[test]
@@ -397,6 +434,8 @@ mod tests {
         let e = CachedEngine::new(MemEngine::default(), 1 << 20);
         for i in 0..100 {
             put(&e, &value_key(i), b"v");
+            // Read once, so the cache holds it.
+            assert!(e.get(&value_key(i)).unwrap().is_some());
         }
         let (start, end) = (value_key(10), value_key(20));
         let mut b = WriteBatch::new();
@@ -420,6 +459,7 @@ mod tests {
         for key in ["a", "b"] {
             for user in ["x", "y", "z"] {
                 put(&e, &map_key(key, user), b"v");
+                assert!(e.get(&map_key(key, user)).unwrap().is_some());
             }
         }
         let start = keys::var_key_prefix(keys::MAP, 3, b"a");
@@ -438,8 +478,10 @@ mod tests {
         let e = CachedEngine::new(MemEngine::default(), budget);
         let hot = value_key(0);
         put(&e, &hot, b"hot");
+        assert!(e.get(&hot).unwrap().is_some());
         for i in 1..20_000 {
             put(&e, &value_key(i), &[7; 40]);
+            assert!(e.get(&value_key(i)).unwrap().is_some(), "fills the cache");
             // Read the hot key now and then: CLOCK gives it a second chance every turn.
             if i % 16 == 0 {
                 assert!(e.get(&hot).unwrap().is_some());
@@ -508,6 +550,8 @@ mod tests {
         let (a, b) = (value_key(1), value_key(2));
         put(&e, &a, b"a0");
         put(&e, &b, b"b0");
+        assert!(e.get(&a).unwrap().is_some() && e.get(&b).unwrap().is_some());
+        assert!(e.cached_bytes() > 0);
         let mut batch = WriteBatch::new();
         batch.put(a.clone(), b"a1".to_vec());
         batch.put(b.clone(), b"b1".to_vec());
