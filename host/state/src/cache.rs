@@ -60,16 +60,16 @@ fn range_may_hold_cached(start: &[u8], end: &[u8]) -> bool {
     start < end && start < &past[..] && end > &first[..]
 }
 
-/// A cached read: the committed bytes, or `None` for a key known to be absent.
+/// A cached read: the committed bytes of a key.
 struct Slot {
-    value: Option<Box<[u8]>>,
+    value: Box<[u8]>,
     /// Read since the last sweep: survives the next one.
     referenced: bool,
 }
 
 impl Slot {
-    fn charge(key: &[u8], value: Option<&[u8]>) -> usize {
-        key.len() + value.map_or(0, <[u8]>::len) + ENTRY_OVERHEAD
+    fn charge(key: &[u8], value: &[u8]) -> usize {
+        key.len() + value.len() + ENTRY_OVERHEAD
     }
 }
 
@@ -90,22 +90,14 @@ struct Shard {
 }
 
 impl Shard {
-    fn set(&mut self, key: &[u8], value: Option<&[u8]>, referenced: bool, budget: usize) {
-        let charge = Slot::charge(key, value);
+    /// Caches `key`, which the shard does not hold, as just read.
+    fn insert(&mut self, key: &[u8], value: &[u8], budget: usize) {
+        self.bytes += Slot::charge(key, value);
         let slot = Slot {
-            value: value.map(Box::from),
-            referenced,
+            value: Box::from(value),
+            referenced: true,
         };
-        match self.map.get_mut(key) {
-            Some(old) => {
-                self.bytes -= Slot::charge(key, old.value.as_deref());
-                *old = slot;
-            }
-            None => {
-                self.map.insert(Box::from(key), slot);
-            }
-        }
-        self.bytes += charge;
+        self.map.insert(Box::from(key), slot);
         if self.bytes > budget {
             self.evict(budget * EVICT_TO_PERCENT / 100);
         }
@@ -117,9 +109,9 @@ impl Shard {
         match value {
             Some(v) => {
                 if let Some(slot) = self.map.get_mut(key) {
-                    let old = Slot::charge(key, slot.value.as_deref());
-                    slot.value = Some(Box::from(v));
-                    self.bytes = self.bytes - old + Slot::charge(key, Some(v));
+                    let old = Slot::charge(key, &slot.value);
+                    slot.value = Box::from(v);
+                    self.bytes = self.bytes - old + Slot::charge(key, v);
                     if self.bytes > budget {
                         self.evict(budget * EVICT_TO_PERCENT / 100);
                     }
@@ -127,7 +119,7 @@ impl Shard {
             }
             None => {
                 if let Some(slot) = self.map.remove(key) {
-                    self.bytes -= Slot::charge(key, slot.value.as_deref());
+                    self.bytes -= Slot::charge(key, &slot.value);
                 }
             }
         }
@@ -139,7 +131,7 @@ impl Shard {
         self.map.retain(|k, slot| {
             let remove = doomed(k);
             if remove {
-                freed += Slot::charge(k, slot.value.as_deref());
+                freed += Slot::charge(k, &slot.value);
             }
             !remove
         });
@@ -164,7 +156,7 @@ impl Shard {
                 if std::mem::take(&mut slot.referenced) {
                     return true;
                 }
-                bytes -= Slot::charge(k, slot.value.as_deref());
+                bytes -= Slot::charge(k, &slot.value);
                 false
             });
             self.bytes = bytes;
@@ -213,14 +205,14 @@ impl<E: KvEngine> CachedEngine<E> {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The cached read of `key`: `Some(found)` after calling `f` with the bytes if found, or
-    /// `None` (and the shard's version) on a miss.
-    fn lookup(&self, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<Lookup> {
+    /// The cached read of `key`: a hit after calling `f` with the bytes, or a miss (and the
+    /// shard's version).
+    fn lookup(&self, key: &[u8], f: &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<Lookup> {
         let mut shard = self.shard(self.shard_of(key));
         match shard.map.get_mut(key) {
             Some(slot) => {
                 slot.referenced = true;
-                f(slot.value.as_deref())?;
+                f(&slot.value)?;
                 Ok(Lookup::Hit)
             }
             None => Ok(Lookup::Miss(shard.version)),
@@ -232,12 +224,12 @@ impl<E: KvEngine> CachedEngine<E> {
     fn fill(&self, key: &[u8], value: Option<&[u8]>, version: u64) {
         // An absence is not cached: a new key's reads miss until its first commit writes it,
         // and caching them would only add work to every first batch.
-        if value.is_none() {
+        let Some(value) = value else {
             return;
-        }
+        };
         let mut shard = self.shard(self.shard_of(key));
         if shard.version == version && !shard.map.contains_key(key) {
-            shard.set(key, value, true, self.shard_budget);
+            shard.insert(key, value, self.shard_budget);
         }
     }
 
@@ -310,15 +302,8 @@ impl<E: KvEngine> KvEngine for CachedEngine<E> {
         if !cached(key) {
             return self.inner.get_with(key, f);
         }
-        let mut found = false;
-        let version = match self.lookup(key, &mut |v| {
-            if let Some(v) = v {
-                found = true;
-                f(v)?;
-            }
-            Ok(())
-        })? {
-            Lookup::Hit => return Ok(found),
+        let version = match self.lookup(key, &mut |v| f(v))? {
+            Lookup::Hit => return Ok(true),
             Lookup::Miss(version) => version,
         };
         let mut copy: Option<Box<[u8]>> = None;
@@ -343,7 +328,7 @@ impl<E: KvEngine> KvEngine for CachedEngine<E> {
             }
             let mut hit = None;
             match self.lookup(key, &mut |v| {
-                hit = Some(v.map(Box::from));
+                hit = Some(Some(Box::from(v)));
                 Ok(())
             })? {
                 Lookup::Hit => answers.push(hit),

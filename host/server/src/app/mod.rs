@@ -112,22 +112,25 @@ impl App {
         app.reload_tokens();
         // Every pipeline is listed (and takes rows) at once; the ones that were running
         // start in the background (`resume_all`).
-        let records: Vec<PipelineRecord> = app
-            .registry
-            .lock()
-            .expect("registry lock")
-            .data
-            .pipelines
-            .values()
-            .cloned()
-            .collect();
-        for record in records {
+        for record in app.pipeline_records() {
             if let Err(e) = app.reopen(&record) {
                 tracing::warn!(pipeline = %record.id, "cannot reopen the pipeline");
                 app.pipeline_failed(&record.id, &e);
             }
         }
         Ok(app)
+    }
+
+    /// Every pipeline's record, as the registry holds it now.
+    fn pipeline_records(&self) -> Vec<PipelineRecord> {
+        self.registry
+            .lock()
+            .expect("registry lock")
+            .data
+            .pipelines
+            .values()
+            .cloned()
+            .collect()
     }
 
     /// Re-creates a pipeline's handle after a restart (its input log recovered), with the
@@ -171,16 +174,7 @@ impl App {
     /// served: a processor that is slow to load or to start holds up only its own
     /// pipeline's resumption (and one of the resuming threads for a while).
     pub(crate) fn resume_all(self: &Arc<Self>) {
-        let records: Vec<PipelineRecord> = self
-            .registry
-            .lock()
-            .expect("registry lock")
-            .data
-            .pipelines
-            .values()
-            .cloned()
-            .collect();
-        let queue = Arc::new(Mutex::new(records));
+        let queue = Arc::new(Mutex::new(self.pipeline_records()));
         let workers: Vec<_> = (0..RESUMING_AT_ONCE)
             .filter_map(|i| {
                 let (app, queue) = (self.clone(), queue.clone());
