@@ -652,6 +652,7 @@ fn kafka(args: KafkaArgs) -> anyhow::Result<()> {
                 key_columns: vec!["key".into()],
                 delivery: Delivery::ExactlyOnce,
             })?)),
+            plans: None,
         })
     };
     let started = Instant::now();

@@ -323,6 +323,7 @@ fn open(runtime: &statebox_runtime::Runtime, spec: OpenSpec) -> anyhow::Result<S
     let endpoints = Endpoints {
         source: Some(Box::new(TesterSource(pending.clone()))),
         sink: None,
+        plans: None,
     };
     let query = Query::open_with(opts, Arc::new(processor), endpoints)?;
     Ok(Session {

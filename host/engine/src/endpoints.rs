@@ -106,3 +106,23 @@ pub trait BatchSink: Send {
     /// re-planned with different input, and reopens the sink before the next batch.
     fn may_have_delivered(&self, batch_id: u64) -> bool;
 }
+
+/// A log of batch plans kept outside the checkpoint and shared by every process that may run
+/// the query (a task's plans in an object store, when workers share a query): whoever logs a
+/// batch's plan first fixes what the batch reads and at which times. A batch's state and
+/// output are a function of its plan (re-runs after a crash already rely on that), so a
+/// process that finds a plan logged by another runs that plan and computes the same batch;
+/// a new owner of the query restores a state snapshot and re-runs the logged plans after it.
+/// A logged plan is final: a failed batch is re-run from it, never re-planned.
+pub trait PlanLog: Send {
+    /// Logs `plan` as batch `batch_id`'s plan unless one is logged already. Returns `None`
+    /// when `plan` was logged, or the plan logged before (which the batch then runs).
+    fn put(&mut self, batch_id: u64, plan: &[u8]) -> Result<Option<Vec<u8>>, EngineError>;
+
+    /// The plan logged for batch `batch_id`, if any.
+    fn get(&mut self, batch_id: u64) -> Result<Option<Vec<u8>>, EngineError>;
+
+    /// The last batch with a logged plan, if any (plans are logged in batch order, each
+    /// after its predecessor's).
+    fn last(&mut self) -> Result<Option<u64>, EngineError>;
+}

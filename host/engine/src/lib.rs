@@ -34,7 +34,7 @@ pub use crate::config::{
     BatchPlan, BatchReport, BatchTiming, CommitRecord, FileProgress, OutputMode, QueryConfig,
     TimeMode, VariableCounts,
 };
-pub use crate::endpoints::{BatchSink, RecordSource, SourceBatch, SourceText};
+pub use crate::endpoints::{BatchSink, PlanLog, RecordSource, SourceBatch, SourceText};
 pub use crate::query::{Endpoints, Query, idle_tick_runs_no_data};
 pub use crate::reader::StateReader;
 pub use crate::source::{FileRange, FileSource};

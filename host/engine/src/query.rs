@@ -12,8 +12,8 @@ use crate::config::meta;
 use crate::sink::Sink;
 use crate::{
     BatchPlan, BatchReport, BatchSink, BatchTiming, CommitRecord, EngineError, FileProgress,
-    FileRange, FileSource, PartitionProcessor, ProcessorFactory, QueryConfig, QueryOptions,
-    RecordSource, TimeMode, reader,
+    FileRange, FileSource, PartitionProcessor, PlanLog, ProcessorFactory, QueryConfig,
+    QueryOptions, RecordSource, TimeMode, reader,
 };
 
 mod batch;
@@ -33,6 +33,8 @@ pub struct Query {
     progress: BTreeMap<String, FileProgress>,
     /// A source other than files; `source` and `progress` are then unused.
     records: Option<Box<dyn RecordSource>>,
+    /// Plans shared with other processes that may run this query (see [`PlanLog`]).
+    plans: Option<Box<dyn PlanLog>>,
     head: Option<CommitRecord>,
     /// How long the head's batch took (see [`Query::last_report`]).
     head_timing: BatchTiming,
@@ -61,6 +63,9 @@ pub struct Endpoints {
     pub source: Option<Box<dyn RecordSource>>,
     /// Deliver rows to this sink instead of appending them to [`QueryOptions::output`].
     pub sink: Option<Box<dyn BatchSink>>,
+    /// Log each batch's plan here too, and run the plans found here (a query shared by
+    /// workers; see [`PlanLog`]).
+    pub plans: Option<Box<dyn PlanLog>>,
 }
 
 impl Query {
@@ -167,10 +172,20 @@ impl Query {
         self.head.as_ref().map_or(0, |h| h.batch_id + 1)
     }
 
-    /// The plan of a batch that was planned but never committed (the process died).
-    fn pending_plan(&self) -> Result<Option<BatchPlan>, EngineError> {
+    /// The plan of a batch that was planned but never committed (the process died), or,
+    /// with a shared plan log, that another process logged (this process then re-runs it).
+    fn pending_plan(&mut self) -> Result<Option<BatchPlan>, EngineError> {
         let batch_id = self.next_batch_id();
-        let Some(bytes) = self.checkpoint.get_meta(&meta::plan(batch_id))? else {
+        let mut bytes = self.checkpoint.get_meta(&meta::plan(batch_id))?;
+        if bytes.is_none()
+            && let Some(log) = &mut self.plans
+            && let Some(logged) = log.get(batch_id)?
+        {
+            self.checkpoint
+                .put_meta_sync(&meta::plan(batch_id), &logged)?;
+            bytes = Some(logged);
+        }
+        let Some(bytes) = bytes else {
             return Ok(None);
         };
         let plan: BatchPlan = serde_json::from_slice(&bytes)
@@ -206,10 +221,23 @@ impl Query {
             initial_ranges,
             source,
         };
-        self.checkpoint.put_meta_sync(
-            &meta::plan(batch_id),
-            &serde_json::to_vec(&plan).expect("serialises"),
-        )?;
+        let mut bytes = serde_json::to_vec(&plan).expect("serialises");
+        let mut plan = plan;
+        if let Some(log) = &mut self.plans
+            && let Some(logged) = log.put(batch_id, &bytes)?
+        {
+            // Another process planned this batch first (it ran the query before, or runs
+            // it still and will be fenced): its plan is the batch.
+            plan = serde_json::from_slice(&logged)
+                .map_err(|e| EngineError::corrupt_record("logged batch plan", e))?;
+            tracing::info!(
+                batch_id,
+                "batch already planned by another process; running its plan"
+            );
+            bytes = logged;
+        }
+        self.checkpoint
+            .put_meta_sync(&meta::plan(batch_id), &bytes)?;
         Ok(plan)
     }
 
@@ -238,7 +266,8 @@ impl Query {
                         may
                     }
                 };
-                if keep_plan {
+                // A plan in a shared log is final: the batch is re-run from it.
+                if keep_plan || self.plans.is_some() {
                     return Err(e);
                 }
                 let withdraw = Commit {

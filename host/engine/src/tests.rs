@@ -613,3 +613,86 @@ fn an_idle_tick_runs_a_no_data_batch_in_the_time_modes_only() {
         .expect("a no-data batch");
     assert_eq!((idle.commit.input_rows, idle.commit.timers_fired), (0, 1));
 }
+
+/// A plan log in memory, shared by the "processes" of a test as an object store would be.
+#[derive(Clone, Default)]
+struct SharedPlans(Arc<Mutex<std::collections::BTreeMap<u64, Vec<u8>>>>);
+
+impl crate::PlanLog for SharedPlans {
+    fn put(&mut self, batch_id: u64, plan: &[u8]) -> Result<Option<Vec<u8>>, EngineError> {
+        let mut plans = self.0.lock().unwrap();
+        if let Some(logged) = plans.get(&batch_id) {
+            return Ok(Some(logged.clone()));
+        }
+        plans.insert(batch_id, plan.to_vec());
+        Ok(None)
+    }
+
+    fn get(&mut self, batch_id: u64) -> Result<Option<Vec<u8>>, EngineError> {
+        Ok(self.0.lock().unwrap().get(&batch_id).cloned())
+    }
+
+    fn last(&mut self) -> Result<Option<u64>, EngineError> {
+        Ok(self.0.lock().unwrap().keys().next_back().copied())
+    }
+}
+
+/// Two processes share a query through a plan log: the second, starting from nothing,
+/// re-runs the first's plans (same batches, same times, same output and state), and a
+/// batch one of them planned first is the batch the other runs, whatever it would have
+/// planned itself.
+#[test]
+fn a_shared_plan_log_makes_a_second_process_run_the_same_batches() {
+    let dirs = Dirs::new();
+    let other = Dirs::new();
+    for (i, keys) in [["a", "b"], ["a", "c"], ["b", "b"]].iter().enumerate() {
+        dirs.add_input(&format!("{i}.jsonl"), keys);
+    }
+    let log = SharedPlans::default();
+    let open = |checkpoint: &Path, output: &Path| {
+        let opts = QueryOptions {
+            max_files_per_batch: 1,
+            checkpoint: checkpoint.to_owned(),
+            output: output.to_owned(),
+            ..dirs.options(TimeMode::ProcessingTime)
+        };
+        let endpoints = crate::Endpoints {
+            plans: Some(Box::new(log.clone())),
+            ..Default::default()
+        };
+        Query::open_with(opts, Arc::new(NativeCounter::new()), endpoints).unwrap()
+    };
+    let mut first = open(&dirs.checkpoint, &dirs.output);
+    let mut times = Vec::new();
+    for at in [1_000, 2_000, 3_000] {
+        let report = first.run_next(Some(at)).unwrap().unwrap();
+        times.push(report.commit.timestamp_ms);
+    }
+    assert_eq!(log.0.lock().unwrap().len(), 3);
+
+    // The second process starts from an empty checkpoint at a later clock: it runs the
+    // logged batches with their own times, not its own.
+    let mut second = open(&other.checkpoint, &other.output);
+    let mut replayed = Vec::new();
+    while let Some(report) = second.run_next(Some(9_000)).unwrap() {
+        replayed.push(report.commit.timestamp_ms);
+        if replayed.len() == 3 {
+            break;
+        }
+    }
+    assert_eq!(replayed, times);
+    assert_eq!(read_rows(&other.output), dirs.output());
+    assert_eq!(
+        state(&other.checkpoint, "count"),
+        state(&dirs.checkpoint, "count")
+    );
+
+    // New input: the second plans batch 3 first; the first then runs that plan, not its own.
+    dirs.add_input("3.jsonl", &["c"]);
+    let planned = second.run_next(Some(20_000)).unwrap().unwrap();
+    let adopted = first.run_next(Some(50_000)).unwrap().unwrap();
+    assert_eq!(adopted.commit.batch_id, 3);
+    assert_eq!(adopted.commit.timestamp_ms, planned.commit.timestamp_ms);
+    assert_eq!(adopted.commit.timestamp_ms, 20_000);
+    assert_eq!(read_rows(&other.output), dirs.output());
+}

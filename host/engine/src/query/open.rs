@@ -37,6 +37,7 @@ impl Query {
         let Endpoints {
             source: mut records,
             sink: batch_sink,
+            plans: mut plan_log,
         } = endpoints;
         if opts.key_columns.is_empty() {
             return Err(EngineError::Config(
@@ -199,7 +200,14 @@ impl Query {
         }
         let pending = {
             let next = head.as_ref().map_or(0, |h| h.batch_id + 1);
-            checkpoint.get_meta(&meta::plan(next))?.map(|_| next)
+            let local = checkpoint.get_meta(&meta::plan(next))?.map(|_| next);
+            // Batches planned in a shared log after this checkpoint's head run next, from
+            // their plans (a restored snapshot catching up): the sink may have all of them.
+            let logged = match &mut plan_log {
+                Some(log) => log.last()?.filter(|&l| l >= next),
+                None => None,
+            };
+            local.max(logged)
         };
         let sink = match batch_sink {
             Some(mut sink) => {
@@ -245,6 +253,7 @@ impl Query {
             source,
             progress,
             records,
+            plans: plan_log,
             head,
             head_timing,
             sink,
