@@ -93,6 +93,11 @@ pub enum EngineError {
         /// The limit it was checked against.
         limit: u64,
     },
+    /// Another process took this query over (a newer owner of a task shared by workers, or
+    /// a newer producer with the query's Kafka transactional id): this one must stop
+    /// writing at once. Nothing of the batch was committed by this process.
+    #[error("fenced: {0}")]
+    Fenced(String),
 }
 
 impl EngineError {
