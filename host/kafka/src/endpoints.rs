@@ -78,6 +78,7 @@ pub fn endpoints(
             bounded: query.bounded,
             columns,
             idle_timeout_ms: input.idle_timeout_ms,
+            ..SourceOptions::default()
         })
         .map_err(|e| context("cannot set up the Kafka input", e))?;
         endpoints.source = Some(Box::new(source));
@@ -93,6 +94,7 @@ pub fn endpoints(
             client_options: output.client_options,
             key_columns,
             delivery: output.delivery,
+            ..SinkOptions::default()
         })
         .map_err(|e| context("cannot set up the Kafka output", e))?;
         endpoints.sink = Some(Box::new(sink));

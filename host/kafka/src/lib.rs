@@ -18,6 +18,8 @@
 
 pub mod client;
 mod endpoints;
+pub mod group;
+pub mod keys;
 mod sink;
 mod source;
 
@@ -51,7 +53,7 @@ pub enum Error {
 }
 
 /// A parsed `kafka://HOST:PORT[,HOST:PORT]/TOPIC[,TOPIC]` address.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KafkaUrl {
     /// The bootstrap servers, comma-separated (librdkafka's `bootstrap.servers`).
     pub brokers: String,

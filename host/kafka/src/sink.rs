@@ -57,6 +57,24 @@ pub struct SinkOptions {
     pub key_columns: Vec<String>,
     /// Exactly once or at least once.
     pub delivery: Delivery,
+    /// The producer's `transactional.id` (and the group its batch ids are committed to);
+    /// `None` for `statebox-<query id>`. A task of a consumer group has its own,
+    /// `statebox-<group>-<topic>-<partition>`, so that its next owner fences this one.
+    pub transactional_id: Option<String>,
+}
+
+impl Default for SinkOptions {
+    /// No brokers or topic (set `url`), no key columns (set them), exactly once, the
+    /// query's own transactional id.
+    fn default() -> Self {
+        SinkOptions {
+            url: KafkaUrl::default(),
+            client_options: Vec::new(),
+            key_columns: Vec::new(),
+            delivery: Delivery::ExactlyOnce,
+            transactional_id: None,
+        }
+    }
 }
 
 /// Writes batches to a Kafka topic. See the module docs.
@@ -75,6 +93,8 @@ pub struct KafkaSink {
     deliveries: u64,
     /// The id [`BatchSink::delivery_id`] gave the next delivery.
     next_id: Option<String>,
+    /// The producer's transactional id (set when the sink opens).
+    client_id: String,
 }
 
 impl KafkaSink {
@@ -104,6 +124,7 @@ impl KafkaSink {
             run: format!("{}-{started:x}", std::process::id()),
             deliveries: 0,
             next_id: None,
+            client_id: String::new(),
         })
     }
 
@@ -142,6 +163,31 @@ impl KafkaSink {
             [one] => Some(one.as_bytes().to_vec()),
             many => Some(format!("[{}]", many.join(",")).into_bytes()),
         })
+    }
+
+    /// A producer error as an engine error: [`EngineError::Fenced`] when another producer
+    /// with this transactional id took over (a newer owner of the query or task: this one
+    /// must stop writing), an I/O error otherwise. A fenced producer's later calls fail
+    /// with librdkafka's generic fatal error, so its recorded fatal error is asked too.
+    fn fail(
+        &self,
+        producer: &ThreadedProducer<DefaultProducerContext>,
+        what: impl std::fmt::Display,
+        e: rdkafka::error::KafkaError,
+    ) -> EngineError {
+        let fenced = e.rdkafka_error_code().is_some_and(is_fenced)
+            || producer
+                .client()
+                .fatal_error()
+                .is_some_and(|(code, _)| is_fenced(code));
+        if fenced {
+            return EngineError::Fenced(format!(
+                "{what}: another producer with transactional id `{}` took over (a newer owner \
+                 of this query or task); this one stops writing: {e}",
+                self.client_id
+            ));
+        }
+        io(what, e)
     }
 
     /// Reads the last batch Kafka has from the group's committed offset.
@@ -196,7 +242,8 @@ impl KafkaSink {
                         std::thread::sleep(std::time::Duration::from_millis(5));
                     }
                     Err((e, _)) => {
-                        return Err(io(
+                        return Err(self.fail(
+                            producer,
                             format!("cannot send to Kafka topic `{}`", self.topic),
                             e,
                         ));
@@ -218,7 +265,12 @@ impl BatchSink for KafkaSink {
         // Any previous producer may be in a fatal state; start over.
         self.producer = None;
         self.in_doubt = None;
-        let client_id = format!("statebox-{query_id}");
+        let client_id = self
+            .opts
+            .transactional_id
+            .clone()
+            .unwrap_or_else(|| format!("statebox-{query_id}"));
+        self.client_id = client_id.clone();
         let producer: ThreadedProducer<DefaultProducerContext> = match self.opts.delivery {
             Delivery::ExactlyOnce => self.config(&[
                 ("transactional.id", &client_id),
@@ -264,7 +316,7 @@ impl BatchSink for KafkaSink {
         // committed offset read next is final.
         producer
             .init_transactions(BROKER_TIMEOUT)
-            .map_err(|e| io("cannot start Kafka transactions", e))?;
+            .map_err(|e| self.fail(&producer, "cannot start Kafka transactions", e))?;
         let group: BaseConsumer = self
             .config(&[
                 ("group.id", &client_id),
@@ -321,13 +373,17 @@ impl BatchSink for KafkaSink {
         if self.opts.delivery == Delivery::AtLeastOnce {
             self.send(producer, batch_id, &id, rows)?;
             drain(producer)?;
-            return producer
-                .flush(BROKER_TIMEOUT)
-                .map_err(|e| io(format!("cannot deliver batch {batch_id} to Kafka"), e));
+            return producer.flush(BROKER_TIMEOUT).map_err(|e| {
+                self.fail(
+                    producer,
+                    format!("cannot deliver batch {batch_id} to Kafka"),
+                    e,
+                )
+            });
         }
         producer
             .begin_transaction()
-            .map_err(|e| io("cannot begin a Kafka transaction", e))?;
+            .map_err(|e| self.fail(producer, "cannot begin a Kafka transaction", e))?;
         let sent = self.send(producer, batch_id, &id, rows).and_then(|()| {
             let mut offsets = TopicPartitionList::new();
             offsets
@@ -340,7 +396,13 @@ impl BatchSink for KafkaSink {
                 .ok_or_else(|| EngineError::Io("no Kafka group metadata".into()))?;
             producer
                 .send_offsets_to_transaction(&offsets, &metadata, BROKER_TIMEOUT)
-                .map_err(|e| io("cannot add the batch id to the Kafka transaction", e))
+                .map_err(|e| {
+                    self.fail(
+                        producer,
+                        "cannot add the batch id to the Kafka transaction",
+                        e,
+                    )
+                })
         });
         if let Err(e) = sent {
             if let Err(abort) = producer.abort_transaction(BROKER_TIMEOUT) {
@@ -350,10 +412,16 @@ impl BatchSink for KafkaSink {
         }
         // From here until the commit returns, Kafka may or may not have the batch.
         self.in_doubt = Some(batch_id);
+        // Records the broker refused (a fenced producer's) leave the queue as failures; the
+        // commit below then reports why.
         drain(producer)?;
-        producer
-            .commit_transaction(BROKER_TIMEOUT)
-            .map_err(|e| io(format!("cannot commit batch {batch_id} to Kafka"), e))?;
+        producer.commit_transaction(BROKER_TIMEOUT).map_err(|e| {
+            self.fail(
+                producer,
+                format!("cannot commit batch {batch_id} to Kafka"),
+                e,
+            )
+        })?;
         self.in_doubt = None;
         self.last_delivered = Some(batch_id);
         Ok(())
@@ -362,6 +430,17 @@ impl BatchSink for KafkaSink {
     fn may_have_delivered(&self, batch_id: u64) -> bool {
         self.in_doubt == Some(batch_id) || self.last_delivered.is_some_and(|l| l >= batch_id)
     }
+}
+
+/// Whether a librdkafka error code says a newer producer with the same transactional id
+/// fenced this one.
+fn is_fenced(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::Fenced
+            | RDKafkaErrorCode::ProducerFenced
+            | RDKafkaErrorCode::InvalidProducerEpoch
+    )
 }
 
 /// Waits until every record sent is acknowledged (the producer's own thread serves the

@@ -138,6 +138,34 @@ pub struct SourceOptions {
     /// In event-time mode, a partition without records for this long (in batch time) no
     /// longer holds the watermark back.
     pub idle_timeout_ms: i64,
+    /// Read only these partitions of each topic (a task of a consumer group reads one):
+    /// plans name only them, and partitions added later are not picked up. `None` reads
+    /// every partition, including new ones.
+    pub partitions: Option<Vec<i32>>,
+    /// The grouping key columns, checked against each record's partition: a query that
+    /// reads only some partitions (a task) is correct only if every row of a key is in the
+    /// same partition. A row passes when its rendered grouping key equals the record's key,
+    /// or when Kafka's default partitioner would put that key in the record's partition;
+    /// otherwise the batch fails, naming the record. `None` checks nothing.
+    pub key_check: Option<Vec<String>>,
+}
+
+impl Default for SourceOptions {
+    /// No brokers or topics (set `url`), every partition from the earliest offset, batches
+    /// unbounded, no Kafka columns, no key check.
+    fn default() -> Self {
+        SourceOptions {
+            url: KafkaUrl::default(),
+            client_options: Vec::new(),
+            starting_offsets: StartingOffsets::Earliest,
+            max_records_per_batch: None,
+            bounded: false,
+            columns: Vec::new(),
+            idle_timeout_ms: DEFAULT_IDLE_TIMEOUT_MS,
+            partitions: None,
+            key_check: None,
+        }
+    }
 }
 
 /// The default of [`SourceOptions::idle_timeout_ms`]: one minute.
@@ -199,6 +227,10 @@ pub struct KafkaSource {
     /// Committed event-time progress per partition, and the batch's, applied on commit.
     times: BTreeMap<Tp, PartitionTime>,
     pending_times: BTreeMap<Tp, PartitionTime>,
+    /// Each topic's partition count, for the key check (read when the query opens; a
+    /// topic that grows later changes where Kafka's partitioner puts keys, which the check
+    /// then reports).
+    partition_counts: BTreeMap<String, i32>,
 }
 
 const OFFSET_PREFIX: &str = "kafka/";
@@ -240,6 +272,7 @@ impl KafkaSource {
             stop_at: None,
             times: BTreeMap::new(),
             pending_times: BTreeMap::new(),
+            partition_counts: BTreeMap::new(),
         })
     }
 
@@ -254,7 +287,26 @@ impl KafkaSource {
             let t = md.topics().iter().find(|t| t.name() == topic);
             match t {
                 Some(t) if t.error().is_none() && !t.partitions().is_empty() => {
-                    out.extend(t.partitions().iter().map(|p| (topic.clone(), p.id())));
+                    let ids: Vec<i32> = t.partitions().iter().map(|p| p.id()).collect();
+                    match &self.opts.partitions {
+                        None => out.extend(ids.iter().map(|&p| (topic.clone(), p))),
+                        Some(only) => {
+                            let missing: Vec<String> = only
+                                .iter()
+                                .filter(|p| !ids.contains(p))
+                                .map(i32::to_string)
+                                .collect();
+                            if !missing.is_empty() {
+                                return Err(EngineError::Config(format!(
+                                    "Kafka topic `{topic}` has no partition {} (it has {} \
+                                     partitions)",
+                                    missing.join(", "),
+                                    ids.len()
+                                )));
+                            }
+                            out.extend(only.iter().map(|&p| (topic.clone(), p)));
+                        }
+                    }
                 }
                 _ => {
                     return Err(EngineError::Config(format!(
@@ -265,6 +317,30 @@ impl KafkaSource {
             }
         }
         out.sort();
+        Ok(out)
+    }
+
+    /// Each topic's number of partitions (all of them, whatever the source reads).
+    fn partition_counts(&self) -> Result<BTreeMap<String, i32>, EngineError> {
+        let mut out = BTreeMap::new();
+        for topic in &self.opts.url.topics {
+            let md = self
+                .consumer
+                .fetch_metadata(Some(topic), BROKER_TIMEOUT)
+                .map_err(|e| io(format!("cannot read the metadata of topic `{topic}`"), e))?;
+            let n = md
+                .topics()
+                .iter()
+                .find(|t| t.name() == topic && t.error().is_none())
+                .map_or(0, |t| t.partitions().len());
+            if n == 0 {
+                return Err(EngineError::Config(format!(
+                    "Kafka topic `{topic}` does not exist on {}",
+                    self.opts.url.brokers
+                )));
+            }
+            out.insert(topic.clone(), n as i32);
+        }
         Ok(out)
     }
 
@@ -315,7 +391,17 @@ impl RecordSource for KafkaSource {
     fn identity(&self) -> String {
         let mut topics = self.opts.url.topics.clone();
         topics.sort();
-        format!("kafka:{}", topics.join(","))
+        match &self.opts.partitions {
+            None => format!("kafka:{}", topics.join(",")),
+            // A checkpoint of some partitions is not one of others (or of all).
+            Some(only) => {
+                let mut only = only.clone();
+                only.sort_unstable();
+                only.dedup();
+                let only: Vec<String> = only.iter().map(i32::to_string).collect();
+                format!("kafka:{}[{}]", topics.join(","), only.join(","))
+            }
+        }
     }
 
     fn restore(
@@ -339,6 +425,24 @@ impl RecordSource for KafkaSource {
                 let t = serde_json::from_slice(&value).map_err(|_| unreadable(&key))?;
                 self.times.insert(tp, t);
             }
+        }
+        if let Some(only) = &self.opts.partitions {
+            let other: Vec<String> = self
+                .next
+                .keys()
+                .filter(|tp| !only.contains(&tp.1))
+                .map(describe)
+                .collect();
+            if !other.is_empty() {
+                return Err(EngineError::Config(format!(
+                    "the checkpoint has read from {}, but this source reads only partition(s) \
+                     {only:?}; use the checkpoint of those partitions",
+                    other.join(", ")
+                )));
+            }
+        }
+        if self.opts.key_check.is_some() {
+            self.partition_counts = self.partition_counts()?;
         }
         let live = self.partitions()?;
         // A partition the checkpoint read from is gone (its topic was deleted, perhaps
@@ -622,6 +726,7 @@ impl KafkaSource {
         let value = std::str::from_utf8(value)
             .map_err(|_| bad("the record's value is not UTF-8 JSON".into()))?;
         let mut row = std::borrow::Cow::Borrowed(value.trim());
+        let appended_from = text.text.len() + usize::from(!text.positions.is_empty());
         if row.contains(['\n', '\r']) {
             // Line breaks can only be whitespace between JSON tokens (never inside a
             // string), so a valid row loses nothing when they become spaces; checked
@@ -687,8 +792,57 @@ impl KafkaSource {
             }
             text.text.push_str(body);
         }
+        if let Some(columns) = &self.opts.key_check {
+            self.check_key(tp, offset, msg.key(), &text.text[appended_from..], columns)?;
+        }
         text.positions.push(offset);
         Ok(())
+    }
+
+    /// Fails unless the row's grouping key belongs to the record's partition: it equals the
+    /// record's key (then every row of the key has that record key, so whatever the
+    /// producer's partitioner, they share one partition), or Kafka's default partitioner
+    /// puts it in this partition. See [`SourceOptions::key_check`].
+    fn check_key(
+        &self,
+        tp: &Tp,
+        offset: i64,
+        record_key: Option<&[u8]>,
+        row: &str,
+        columns: &[String],
+    ) -> Result<(), EngineError> {
+        let bad = |message: String| EngineError::Record {
+            at: format!("{} offset {offset}", describe(tp)),
+            message,
+        };
+        let key = crate::keys::grouping_key(row, columns).map_err(bad)?;
+        if record_key == Some(key.as_slice()) {
+            return Ok(());
+        }
+        let partitions = self.partition_counts.get(&tp.0).copied().unwrap_or(0);
+        if partitions > 0 && crate::keys::java_partition(&key, partitions) == tp.1 {
+            return Ok(());
+        }
+        let shown = |k: &[u8]| match std::str::from_utf8(k) {
+            Ok(s) => format!("`{s}`"),
+            Err(_) => format!("{} bytes that are not UTF-8", k.len()),
+        };
+        Err(bad(format!(
+            "the row's grouping key {} ({}) belongs to partition {} of {partitions} by \
+             Kafka's default partitioner, and the record's key is {}: rows of one key spread \
+             over partitions would be counted apart by the group's tasks (one per partition); \
+             produce records keyed by the grouping key columns (the key's text for one string \
+             column, its JSON for another column, a JSON array for several), or partition the \
+             topic by them",
+            shown(&key),
+            columns.join(", "),
+            if partitions > 0 {
+                crate::keys::java_partition(&key, partitions)
+            } else {
+                -1
+            },
+            record_key.map_or("missing".to_owned(), shown),
+        )))
     }
 }
 
