@@ -251,13 +251,11 @@ impl GroupMember {
             ("session.timeout.ms", &session),
             ("heartbeat.interval.ms", &heartbeat),
             // A membership, not a reader: no offsets committed or stored, and nothing to
-            // fetch (assigned partitions are paused; should a fetch slip in before the
-            // pause, it is small and dropped).
+            // fetch (assigned partitions are paused at once; should a fetch slip in before
+            // the pause, from the end of the partition, its records are dropped).
             ("enable.auto.commit", "false"),
             ("enable.auto.offset.store", "false"),
             ("auto.offset.reset", "latest"),
-            ("fetch.max.bytes", "1024"),
-            ("max.partition.fetch.bytes", "1024"),
         ];
         if !settings.instance_id.is_empty() {
             ours.push(("group.instance.id", &settings.instance_id));

@@ -11,7 +11,9 @@
 //!
 //! Architecture Invariant: each batch's output is one Kafka transaction (exactly-once
 //! delivery), which also commits, as a transactional offset commit of the consumer group
-//! `statebox-<query id>`, the batch's id + 1 on partition 0 of the output topic. The broker
+//! named as the transactional id (`statebox-<query id>`, or a group task's
+//! `statebox-<group>-<topic>-<partition>`), the batch's id + 1 on partition 0 of the
+//! output topic. The broker
 //! applies that offset only if the transaction commits, so on start the sink reads it back
 //! and knows the last batch Kafka has; the engine then re-runs a batch Kafka has but the
 //! checkpoint lacks with its output suppressed.

@@ -1,8 +1,10 @@
 //! The Kafka sink: every emitted row as one JSON record, one transaction per batch.
 //!
-//! Exactly once: the producer's `transactional.id` is `statebox-<query id>`, stable across
-//! restarts, so a new run fences the old one's producer and aborts its open transaction.
-//! Each batch's records and a transactional offset commit (group `statebox-<query id>`,
+//! Exactly once: the producer's `transactional.id` is `statebox-<query id>` (or
+//! [`SinkOptions::transactional_id`], a consumer group's task's own), stable across
+//! restarts, so a new run fences the old one's producer and aborts its open transaction;
+//! the fenced producer's next step fails with [`EngineError::Fenced`].
+//! Each batch's records and a transactional offset commit (group: the transactional id,
 //! partition 0 of the output topic, offset = batch id + 1) go in one transaction: the
 //! broker applies the offset only if the transaction commits, so it names the last batch
 //! Kafka has. The batch id is in the offset itself, not its metadata, because some

@@ -6,6 +6,11 @@
 //! `read_committed` consumer can always read up to it. A re-run reads exactly the same
 //! records. New partitions are found at each plan (unbounded runs) and read from their
 //! earliest offset, as in Spark; a committed partition that disappeared fails the query.
+//!
+//! A task of a consumer group reads one partition ([`SourceOptions::partitions`]): its
+//! plans name only that one, its identity says which (`kafka:TOPIC[P]`), and each row's
+//! grouping key is checked to belong there ([`SourceOptions::key_check`]), because a key
+//! whose rows sit in two partitions would be counted apart by two tasks.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
