@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 
 /// The library crates held to it: every crate below the CLI.
-const LIBRARIES: [&str; 8] = [
-    "schema", "state", "contract", "engine", "sql", "kafka", "runtime", "server",
+const LIBRARIES: [&str; 9] = [
+    "schema", "state", "contract", "engine", "sql", "kafka", "runtime", "server", "cluster",
 ];
 
 fn host() -> PathBuf {

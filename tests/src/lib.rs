@@ -3,6 +3,7 @@
 //! query in-process through the engine.
 
 pub mod kafka;
+pub mod s3;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};

@@ -66,6 +66,9 @@ pub struct ManifestFile {
 }
 
 /// How many snapshots to keep, and how old an unreferenced object must be to be deleted.
+///
+/// Keep more than one: a successor that read the latest manifest just before this owner
+/// wrote a newer one is still restoring the older snapshot, and must find its files.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Retention {
     /// Snapshots kept, the newest included (at least 1). Older manifests are deleted after
@@ -355,7 +358,7 @@ impl TaskStore {
     /// Downloads every file of `manifest` into `dest`, a directory that must not exist or
     /// be empty, verifying each file's size and hash: a missing or damaged object is
     /// [`Error::Corrupt`] naming it. On success `dest` is a checkpoint directory RocksDB
-    /// opens as is.
+    /// opens as is; on failure it holds a partial download, to be removed before retrying.
     pub fn restore(&self, manifest: &Manifest, dest: &std::path::Path) -> Result<()> {
         if manifest.task != self.name {
             return Err(Error::Config(format!(
