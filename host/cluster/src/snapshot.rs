@@ -200,6 +200,7 @@ impl TaskStore {
                 "snapshot retention must keep at least one snapshot".into(),
             ));
         }
+        self.shared.check_writable("upload a snapshot")?;
         self.check_owner(generation)?;
         if let Some(stored) = self.snapshot(batch)? {
             tracing::debug!(task = %self.name, batch, "the snapshot already exists");
@@ -300,6 +301,7 @@ impl TaskStore {
         blake3: &str,
     ) -> Result<()> {
         let shared = &self.shared;
+        shared.check_writable("upload a snapshot file")?;
         let read_err = |source| Error::Local {
             doing: format!("read {}", local.display()),
             source,

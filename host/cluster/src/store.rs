@@ -28,6 +28,9 @@ pub(crate) struct Shared {
     pub(crate) root: Path,
     /// The URL as given, for messages.
     pub(crate) url: String,
+    /// False for a store opened with [`StateStore::open_read_only`]: every write is refused
+    /// before it reaches the backend.
+    writable: bool,
     /// A current-thread runtime: the engine and the worker threads are synchronous, so each
     /// call blocks on its own future. Several threads may call at once (tokio lets the
     /// current-thread scheduler be driven by whichever `block_on` holds it).
@@ -43,6 +46,18 @@ impl Shared {
     /// callers use `spawn_blocking`.
     pub(crate) fn block_on<F: Future>(&self, f: F) -> F::Output {
         self.runtime.block_on(f)
+    }
+
+    /// `Ok` if this handle may write; `doing` names the write refused otherwise.
+    pub(crate) fn check_writable(&self, doing: &str) -> Result<()> {
+        if self.writable {
+            Ok(())
+        } else {
+            Err(Error::Config(format!(
+                "state store {} is open read-only: cannot {doing}",
+                self.url
+            )))
+        }
     }
 
     /// An [`Error::Store`] for a failed operation.
@@ -124,11 +139,34 @@ impl StateStore {
         url: &str,
         settings: impl IntoIterator<Item = (K, V)>,
     ) -> Result<StateStore> {
+        Self::open_mode(url, settings, true)
+    }
+
+    /// Opens the store for reading only (`statebox state`, `statebox sql`,
+    /// `statebox group status`): no probe write, so read-only credentials suffice, and a
+    /// local directory must already exist. Every write method returns [`Error::Config`].
+    pub fn open_read_only(url: &str) -> Result<StateStore> {
+        Self::open_read_only_with(url, std::iter::empty::<(&str, &str)>())
+    }
+
+    /// [`StateStore::open_read_only`] with `AWS_*` settings, as [`StateStore::open_with`].
+    pub fn open_read_only_with<K: AsRef<str>, V: Into<String>>(
+        url: &str,
+        settings: impl IntoIterator<Item = (K, V)>,
+    ) -> Result<StateStore> {
+        Self::open_mode(url, settings, false)
+    }
+
+    fn open_mode<K: AsRef<str>, V: Into<String>>(
+        url: &str,
+        settings: impl IntoIterator<Item = (K, V)>,
+        writable: bool,
+    ) -> Result<StateStore> {
         let settings: Vec<(String, String)> = settings
             .into_iter()
             .map(|(k, v)| (k.as_ref().to_owned(), v.into()))
             .collect();
-        let (store, root) = backend(url, &settings)?;
+        let (store, root) = backend(url, &settings, writable)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -141,11 +179,14 @@ impl StateStore {
                 store,
                 root,
                 url: url.to_owned(),
+                writable,
                 runtime,
             }),
         };
-        state.check_create_only()?;
-        tracing::debug!(url, "opened the state store");
+        if writable {
+            state.check_create_only()?;
+        }
+        tracing::debug!(url, writable, "opened the state store");
         Ok(state)
     }
 
@@ -248,7 +289,11 @@ impl StateStore {
 }
 
 /// The backend and prefix a URL names.
-fn backend(url: &str, settings: &[(String, String)]) -> Result<(Arc<dyn ObjectStore>, Path)> {
+fn backend(
+    url: &str,
+    settings: &[(String, String)],
+    writable: bool,
+) -> Result<(Arc<dyn ObjectStore>, Path)> {
     let bad = |why: &str| {
         Error::Config(format!(
             "state store URL {url:?}: {why}; accepted: {ACCEPTED}"
@@ -301,6 +346,9 @@ fn backend(url: &str, settings: &[(String, String)]) -> Result<(Arc<dyn ObjectSt
             source,
         })?
     };
+    if !writable && !dir.is_dir() {
+        return Err(bad(&format!("no directory at {}", dir.display())));
+    }
     std::fs::create_dir_all(&dir).map_err(|source| Error::Local {
         doing: format!("create the state store directory {}", dir.display()),
         source,

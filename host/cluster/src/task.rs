@@ -91,6 +91,7 @@ impl TaskStore {
     /// Writes `body` at `path` only if nothing is there: `Ok(false)` when something was.
     pub(crate) fn put_create(&self, path: &Path, body: Vec<u8>, doing: &str) -> Result<bool> {
         let shared = &self.shared;
+        shared.check_writable(doing)?;
         match shared.block_on(shared.store.put_opts(
             path,
             PutPayload::from(body),
@@ -275,6 +276,7 @@ impl TaskStore {
     /// Passing the *oldest retained* snapshot's batch keeps every retained snapshot
     /// restorable. Returns how many plans were deleted.
     pub fn delete_plans_before(&self, generation: u64, batch: u64) -> Result<usize> {
+        self.shared.check_writable("delete plans")?;
         self.check_owner(generation)?;
         let newest_snapshot = self.snapshot_batches()?.last().copied();
         if newest_snapshot.is_none_or(|s| batch > s + 1) {
@@ -300,6 +302,7 @@ impl TaskStore {
     /// Deletes `path`; already gone is fine.
     pub(crate) fn delete(&self, path: &Path, doing: &str) -> Result<()> {
         let shared = &self.shared;
+        shared.check_writable(doing)?;
         match shared.block_on(shared.store.delete(path)) {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(shared.err(format!("{doing} ({path})"), e)),

@@ -576,3 +576,43 @@ fn tasks_lists_each_task_with_its_newest_state() {
         );
     }
 }
+
+#[test]
+fn a_read_only_store_reads_and_refuses_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let e = StateStore::open_read_only(path.to_str().unwrap()).unwrap_err();
+    assert!(e.to_string().contains("no directory"), "{e}");
+    assert!(!path.exists(), "reading creates nothing");
+
+    let writer = StateStore::open(path.to_str().unwrap())
+        .unwrap()
+        .task("t-0")
+        .unwrap();
+    let g = writer.claim().unwrap();
+    writer.put_plan(g, 1, b"p").unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let db = open_db(&scratch.path().join("db"));
+    write_db(&db, 0..10);
+    let cp = checkpoint(&db, scratch.path(), "cp");
+    writer.upload_snapshot(g, 1, &cp, &NO_GRACE).unwrap();
+
+    let reader = StateStore::open_read_only(path.to_str().unwrap()).unwrap();
+    assert_eq!(reader.tasks().unwrap()[0].snapshot_batch, Some(1));
+    let task = reader.task("t-0").unwrap();
+    assert_eq!(task.get_plan(1).unwrap().unwrap(), b"p");
+    let manifest = task.latest_snapshot().unwrap().unwrap();
+    task.restore(&manifest, &scratch.path().join("restored"))
+        .unwrap();
+    assert_eq!(contents(&scratch.path().join("restored")), expected(0..10));
+    for e in [
+        task.claim().unwrap_err(),
+        task.put_plan(g, 2, b"q").unwrap_err(),
+        task.upload_snapshot(g, 2, &cp, &NO_GRACE).unwrap_err(),
+        task.delete_plans_before(g, 1).unwrap_err(),
+    ] {
+        assert!(e.to_string().contains("read-only"), "{e}");
+    }
+    assert_eq!(writer.owner_generation().unwrap(), Some(g));
+    assert_eq!(writer.latest_plan().unwrap(), Some(1));
+}
