@@ -13,6 +13,8 @@ use crate::store::Shared;
 
 /// How many times [`TaskStore::claim`] retries when other workers keep claiming first.
 const CLAIM_ATTEMPTS: usize = 100;
+/// How many plan reads [`TaskStore::plans_after`] keeps in flight.
+const PLAN_READS_IN_FLIGHT: usize = 16;
 
 /// One task's durable truth: `PREFIX/tasks/<name>/` (see the crate docs for the layout).
 /// Every method blocks until the store has answered.
@@ -251,8 +253,7 @@ impl TaskStore {
             .filter(|&b| b > batch)
             .collect();
         batches.sort_unstable();
-        let mut plans = Vec::with_capacity(batches.len());
-        for (expected, found) in (batch + 1..).zip(batches) {
+        for (expected, &found) in (batch + 1..).zip(&batches) {
             if found != expected {
                 return Err(Error::Corrupt {
                     task: self.name.clone(),
@@ -260,14 +261,39 @@ impl TaskStore {
                     reason: format!("plan {expected} is missing but plan {found} exists"),
                 });
             }
-            let plan = self.get_plan(found)?.ok_or_else(|| Error::Corrupt {
-                task: self.name.clone(),
-                what: format!("plan {found}"),
-                reason: "listed but gone when read (deleted concurrently?)".into(),
-            })?;
-            plans.push((found, plan));
         }
-        Ok(plans)
+        // A new owner replays every plan since the snapshot before it can plan anew, so
+        // the reads go out several at a time (one round trip each on S3).
+        let fetched: Vec<(u64, Option<Vec<u8>>)> = {
+            use futures::{StreamExt as _, TryStreamExt as _};
+            shared
+                .block_on(
+                    futures::stream::iter(batches)
+                        .map(|b| {
+                            let path = self.plan_path(b);
+                            async move {
+                                match shared.store.get(&path).await {
+                                    Ok(r) => Ok((b, Some(r.bytes().await?.to_vec()))),
+                                    Err(object_store::Error::NotFound { .. }) => Ok((b, None)),
+                                    Err(e) => Err(e),
+                                }
+                            }
+                        })
+                        .buffered(PLAN_READS_IN_FLIGHT)
+                        .try_collect::<Vec<_>>(),
+                )
+                .map_err(|e| shared.err(format!("read the plans after {batch}"), e))?
+        };
+        fetched
+            .into_iter()
+            .map(|(b, plan)| {
+                plan.map(|p| (b, p)).ok_or_else(|| Error::Corrupt {
+                    task: self.name.clone(),
+                    what: format!("plan {b}"),
+                    reason: "listed but gone when read (deleted concurrently?)".into(),
+                })
+            })
+            .collect()
     }
 
     /// Deletes the plans of batches before `batch` (retention), after checking that
