@@ -1,7 +1,7 @@
 //! The task store (`statebox-cluster`) over a real S3 server on loopback (moto): a RocksDB
 //! snapshot round trip (with an SST large enough to go up in parts), create-only owner
-//! generations, plans and manifests refused over HTTP, an interrupted upload, and damage
-//! to a stored file found on restore. The unit tests in `host/cluster` cover the same
+//! generations, plans and manifests refused over HTTP, an interrupted upload, damage to a
+//! stored file found on restore, and a store without create-only writes refused at open. The unit tests in `host/cluster` cover the same
 //! semantics on the in-memory and local-directory backends.
 
 use std::collections::BTreeSet;
@@ -248,4 +248,22 @@ fn a_missing_bucket_is_an_error_naming_the_store() {
     let text = format!("{e}");
     assert!(matches!(e, Error::Store { .. }), "{e:?}");
     assert!(text.contains("s3://no-such-bucket/q"), "{text}");
+}
+
+#[test]
+fn a_store_without_create_only_writes_is_refused_loudly() {
+    // The same S3 server, with the client told not to send `If-None-Match: *` (what an
+    // S3-compatible store without conditional writes amounts to): the fence would be
+    // silently lost, so opening fails and says why.
+    let s3 = S3::start();
+    s3.create_bucket("state");
+    let mut settings = s3.env();
+    settings.push(("AWS_CONDITIONAL_PUT", "disabled".into()));
+    let e = StateStore::open_with("s3://state/q", settings).unwrap_err();
+    let text = e.to_string();
+    assert!(matches!(e, Error::Config(_)), "{e:?}");
+    assert!(
+        text.contains("s3://state/q") && text.contains("does not honour create-only writes"),
+        "{text}"
+    );
 }
