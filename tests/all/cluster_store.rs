@@ -1,8 +1,9 @@
 //! The task store (`statebox-cluster`) over a real S3 server on loopback (moto): a RocksDB
 //! snapshot round trip (with an SST large enough to go up in parts), create-only owner
 //! generations, plans and manifests refused over HTTP, an interrupted upload, damage to a
-//! stored file found on restore, and a store without create-only writes refused at open. The unit tests in `host/cluster` cover the same
-//! semantics on the in-memory and local-directory backends.
+//! stored file found on restore, and a store without create-only writes refused at open.
+//! The unit tests in `host/cluster` cover the same semantics on the in-memory and
+//! local-directory backends.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
