@@ -11,8 +11,8 @@ use clap::{Args, Subcommand, ValueEnum};
 use serde_json::json;
 use statebox_engine::testing::NativeCounter;
 use statebox_engine::{
-    BatchTimes, InstanceConfig, KeyRows, PartitionBatch, PartitionProcessor, ProcessorFactory,
-    Query, QueryOptions, TimeMode,
+    BatchReport, BatchTimes, InstanceConfig, KeyRows, PartitionBatch, PartitionProcessor,
+    ProcessorFactory, Query, QueryOptions, TimeMode,
 };
 
 use crate::SandboxArgs;
@@ -117,6 +117,11 @@ pub(crate) struct TimeArgs {
     /// The component (default: build the workload's plugin).
     #[arg(long)]
     processor: Option<PathBuf>,
+    /// After the summary, one JSON line per batch: input rows, keys, timers fired and values
+    /// expired, read, process (of which timers and TTL cleanup) and commit milliseconds, and
+    /// the batch's time relative to the first's.
+    #[arg(long)]
+    per_batch: bool,
     #[command(flatten)]
     sandbox: SandboxArgs,
 }
@@ -227,16 +232,18 @@ fn timed(workload: &str, plugin: &str, column: &str, args: TimeArgs) -> anyhow::
     };
     let started = Instant::now();
     let mut query = Query::open(opts, Arc::new(processor))?;
-    let (mut events, mut timers, mut expired, mut batches) = (0, 0, 0, 0);
+    let mut reports = Vec::new();
     let mut at = 1_000_000;
     while let Some(r) = query.run_next(Some(at))? {
-        events += r.commit.input_rows;
-        timers += r.commit.timers_fired;
-        expired += r.commit.ttl_removed;
-        batches += 1;
+        reports.push(r);
         at += args.step_ms;
     }
     let seconds = started.elapsed().as_secs_f64();
+    let sum = |f: fn(&BatchReport) -> u64| reports.iter().map(f).sum::<u64>();
+    let events = sum(|r| r.commit.input_rows);
+    let timers = sum(|r| r.commit.timers_fired);
+    let expired = sum(|r| r.commit.ttl_removed);
+    let batches = reports.len();
     anyhow::ensure!(
         events == args.events,
         "processed {events} of {} events",
@@ -255,9 +262,49 @@ fn timed(workload: &str, plugin: &str, column: &str, args: TimeArgs) -> anyhow::
         "timers_fired_per_s": (timers as f64 / seconds).round(),
         "ttl_removed": expired,
         "ttl_removed_per_s": (expired as f64 / seconds).round(),
+        "slowest_batch_vs_first": slowest_vs_first(&reports),
     });
     println!("{line}");
+    if args.per_batch {
+        for line in batch_lines("wasm", &reports) {
+            println!("{line}");
+        }
+    }
     Ok(())
+}
+
+/// The slowest batch's wall time over the first's: with state growing batch by batch, how
+/// much dearer a batch got (1.0 when every batch took as long as the first).
+fn slowest_vs_first(reports: &[BatchReport]) -> Option<f64> {
+    let first = reports.first()?.timing.duration_ms.max(1) as f64;
+    let slowest = reports.iter().map(|r| r.timing.duration_ms).max()? as f64;
+    Some((slowest / first * 100.0).round() / 100.0)
+}
+
+/// One line per batch, from the batch's report.
+fn batch_lines(engine: &str, reports: &[BatchReport]) -> Vec<serde_json::Value> {
+    let first = reports.first().map_or(1, |r| r.timing.duration_ms.max(1)) as f64;
+    reports
+        .iter()
+        .map(|r| {
+            let (c, t) = (&r.commit, &r.timing);
+            json!({
+                "engine": engine,
+                "batch": c.batch_id,
+                "input_rows": c.input_rows,
+                "keys": c.keys,
+                "timers_fired": c.timers_fired,
+                "ttl_removed": c.ttl_removed,
+                "read_ms": t.read_ms,
+                "process_ms": t.process_ms,
+                "timers_ms": t.timers_ms,
+                "ttl_ms": t.ttl_ms,
+                "commit_ms": t.commit_ms,
+                "duration_ms": t.duration_ms,
+                "vs_first": (t.duration_ms as f64 / first * 100.0).round() / 100.0,
+            })
+        })
+        .collect()
 }
 
 fn count(args: CountArgs) -> anyhow::Result<()> {
@@ -367,9 +414,7 @@ impl CountRun {
     /// The slowest batch's wall time over the first's: with state growing batch by batch,
     /// how much dearer a batch got (1.0 when every batch took as long as the first).
     fn slowest_vs_first(&self) -> Option<f64> {
-        let first = self.batches.first()?.timing.duration_ms.max(1) as f64;
-        let slowest = self.batches.iter().map(|r| r.timing.duration_ms).max()? as f64;
-        Some((slowest / first * 100.0).round() / 100.0)
+        slowest_vs_first(&self.batches)
     }
 
     fn summary(&self, keys: u64, batches: u64, partitions: u16) -> serde_json::Value {
@@ -645,12 +690,14 @@ fn kafka(args: KafkaArgs) -> anyhow::Result<()> {
                 bounded,
                 columns: Vec::new(),
                 idle_timeout_ms: statebox_kafka::DEFAULT_IDLE_TIMEOUT_MS,
+                ..Default::default()
             })?)),
             sink: Some(Box::new(KafkaSink::new(SinkOptions {
                 url: url(&out_topic),
                 client_options: opts.clone(),
                 key_columns: vec!["key".into()],
                 delivery: Delivery::ExactlyOnce,
+                ..Default::default()
             })?)),
             plans: None,
         })
