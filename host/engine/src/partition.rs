@@ -10,7 +10,7 @@ use statebox_contract::{
     PartitionBatch,
 };
 use statebox_state::catalog::Catalog;
-use statebox_state::{Checkpoint, PartitionTxn, StoreError};
+use statebox_state::{Checkpoint, DueCursor, PartitionTxn, StoreError};
 
 use crate::input::{Origin, PartitionInput};
 use crate::{PartitionProcessor, ProcessorFactory, TimeMode};
@@ -242,8 +242,10 @@ impl Context<'_> {
         let Some(upto) = self.clock() else {
             return Ok(());
         };
+        // Every timer of a page is fired or found deleted before the next page is read.
+        let mut cursor = DueCursor::default();
         loop {
-            let due = batch.txn().timers_due(upto, TIMER_PAGE)?;
+            let due = batch.txn().timers_due_from(upto, TIMER_PAGE, &mut cursor)?;
             if due.is_empty() {
                 return Ok(());
             }
@@ -273,7 +275,10 @@ impl Context<'_> {
                 // whole run up front is the same as checking each timer just before it.)
                 let mut timers = Vec::with_capacity(candidates.len());
                 for (key, ts) in candidates {
-                    if batch.txn().timer_exists(key.as_bytes(), *ts)? {
+                    if batch
+                        .txn()
+                        .due_timer_still_registered(key.as_bytes(), *ts)?
+                    {
                         timers.push((key.as_str(), *ts));
                     }
                 }

@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::engine::{GetFn, KvEngine, ScanFn, WriteBatch};
 use crate::overlay::POINT_DELETE_LIMIT;
 use crate::{
-    ChangeStats, ChangelogWrite, Checkpoint, Commit, PartitionTxn, StoreError, StoredValue,
-    changelog, keys,
+    ChangeStats, ChangelogWrite, Checkpoint, Commit, DueCursor, PartitionTxn, StoreError,
+    StoredValue, changelog, keys,
 };
 
 /// A checkpoint on one backend, reopenable to check durability.
@@ -531,6 +531,50 @@ fn scans_of_committed_timers_start_at_the_time_floor(fx: Fixture) {
     );
     txn.set_time_floor(None);
     assert_eq!(txn.timers_due(100, 10).unwrap().len(), 3);
+}
+
+fn due_timers_page_through_committed_timers_once(fx: Fixture) {
+    let mut txn = fx.cp().txn(0);
+    for (key, ts) in [(b"a", 10), (b"b", 20), (b"c", 30), (b"d", 40), (b"e", 50)] {
+        txn.timer_register(key, ts).unwrap();
+    }
+    txn.timer_register(b"f", 500).unwrap();
+    fx.commit(vec![txn]);
+
+    let mut txn = fx.cp().txn(0);
+    let mut cursor = DueCursor::default();
+    let page = txn.timers_due_from(100, 2, &mut cursor).unwrap();
+    assert_eq!(page, [(10, b"a".to_vec()), (20, b"b".to_vec())]);
+    // Fire the page: each timer is still registered until deleted.
+    for (ts, key) in &page {
+        assert!(txn.due_timer_still_registered(key, *ts).unwrap());
+        txn.timer_delete(key, *ts).unwrap();
+        assert!(!txn.due_timer_still_registered(key, *ts).unwrap());
+    }
+    // A handler registers a due timer earlier than the page, and deletes a committed one.
+    txn.timer_register(b"z", 5).unwrap();
+    txn.timer_delete(b"d", 40).unwrap();
+    assert!(!txn.due_timer_still_registered(b"d", 40).unwrap());
+    assert!(txn.due_timer_still_registered(b"c", 30).unwrap());
+    let page = txn.timers_due_from(100, 2, &mut cursor).unwrap();
+    assert_eq!(page, [(5, b"z".to_vec()), (30, b"c".to_vec())]);
+    for (ts, key) in &page {
+        txn.timer_delete(key, *ts).unwrap();
+    }
+    // A fired committed timer registered again is due again.
+    txn.timer_register(b"b", 20).unwrap();
+    let page = txn.timers_due_from(100, 2, &mut cursor).unwrap();
+    assert_eq!(page, [(20, b"b".to_vec()), (50, b"e".to_vec())]);
+    for (ts, key) in &page {
+        txn.timer_delete(key, *ts).unwrap();
+    }
+    assert!(txn.timers_due_from(100, 2, &mut cursor).unwrap().is_empty());
+    // The same scan without a cursor agrees: nothing is due.
+    assert!(txn.timers_due(100, 10).unwrap().is_empty());
+    assert_eq!(
+        txn.timers_due(i64::MAX, 10).unwrap(),
+        [(500, b"f".to_vec())]
+    );
 }
 
 fn timers_register_list_delete_and_fire_in_order(mut fx: Fixture) {
@@ -1367,6 +1411,7 @@ conformance!(
     map_matches_a_model_under_random_operations,
     timers_register_list_delete_and_fire_in_order,
     scans_of_committed_timers_start_at_the_time_floor,
+    due_timers_page_through_committed_timers_once,
     expired_values_are_hidden_from_reads,
     ttl_cleanup_removes_expired_entries_only,
     ttl_cleanup_handles_more_than_one_chunk,

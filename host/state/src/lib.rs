@@ -40,7 +40,7 @@ mod conformance;
 pub use changelog::ChangeStats;
 pub use checkpoint::{ChangelogWrite, Checkpoint, Commit, DEFAULT_STATE_CACHE_BYTES, Undo};
 pub use engine::{GetFn, GetManyFn, KvEngine, ScanFn, WriteBatch, WriteOp};
-pub use txn::PartitionTxn;
+pub use txn::{DueCursor, PartitionTxn};
 pub use value::StoredValue;
 
 /// A state variable id, assigned by the engine and never reused.

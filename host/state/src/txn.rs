@@ -44,6 +44,13 @@ use crate::{Partition, Result, StoreError, StoredValue, VarId};
 /// TTL index entries handled per scan in [`PartitionTxn::ttl_cleanup`], bounding its memory.
 const TTL_CLEANUP_CHUNK: usize = 1024;
 
+/// Where [`PartitionTxn::timers_due_from`] resumes its reading of committed timers.
+#[derive(Debug, Default)]
+pub struct DueCursor {
+    /// Committed by-time entries before this key were returned (or were deleted).
+    committed_from: Option<Vec<u8>>,
+}
+
 /// The batch overlay of one partition.
 ///
 /// All state reads see the committed state plus this overlay's writes, and hide values whose
@@ -510,20 +517,63 @@ impl PartitionTxn {
 
     /// This partition's timers with `ts <= upto`, ascending by `(ts, key)`, at most `max`.
     pub fn timers_due(&self, upto: i64, max: usize) -> Result<Vec<(i64, Vec<u8>)>> {
+        self.timers_due_from(upto, max, &mut DueCursor::default())
+    }
+
+    /// [`timers_due`](Self::timers_due) page by page, for a caller that fires (or finds
+    /// deleted) every timer of a page before asking for the next: committed timers up to
+    /// the last one `cursor` returned are not read again, so firing many timers reads the
+    /// committed index once instead of once per page. This batch's timers are always looked
+    /// at from the start, so a due timer a handler registers, however early, is returned.
+    pub fn timers_due_from(
+        &self,
+        upto: i64,
+        max: usize,
+        cursor: &mut DueCursor,
+    ) -> Result<Vec<(i64, Vec<u8>)>> {
         self.check_open();
         let mut out = Vec::new();
         if max == 0 {
             return Ok(out);
         }
         let (start, end) = keys::timer_time_range_upto(self.partition, upto);
-        let committed_start =
+        let mut committed_start =
             self.floor_key(&start, |t| keys::timer_time_range_from(self.partition, t));
+        if let Some(after) = &cursor.committed_from {
+            committed_start = committed_start.max(after.clone());
+        }
+        let mut last = None;
         self.scan_ordered(&start, &committed_start, &end, &mut |k, _| {
             let (ts, key) = keys::decode_timer_by_time(k)?;
             out.push((ts, key.to_vec()));
-            Ok(out.len() < max)
+            if out.len() < max {
+                return Ok(true);
+            }
+            last = Some(keys::key_successor(k));
+            Ok(false)
         })?;
+        // A full page stopped at `last`: every committed entry before it was seen. A short
+        // page saw every committed entry up to `upto`.
+        cursor.committed_from = Some(last.unwrap_or(end));
         Ok(out)
+    }
+
+    /// Whether timer `(key, ts)`, returned as due by [`timers_due`](Self::timers_due) in
+    /// this batch, is still registered. Reads only this batch's writes: the timer was
+    /// registered when it was returned (the index by time, which the scan read, mirrors
+    /// the one by key), so only a write since can have deleted it.
+    pub fn due_timer_still_registered(&self, key: &[u8], ts: i64) -> Result<bool> {
+        self.check_open();
+        check_key(key)?;
+        let mut k = self.scratch.borrow_mut();
+        keys::timer_key_prefix_into(&mut k, key);
+        let Some(timers) = self.overlay.timers.get(&k[1..]) else {
+            return Ok(true);
+        };
+        Ok(match timers.entries.get(&keys::encode_i64(ts)) {
+            Some(slot) => slot.is_some(),
+            None => !timers.is_cleared(),
+        })
     }
 
     // ---- TTL ----
