@@ -5,9 +5,12 @@
 //! The backend stays the durable truth. The cache holds committed bytes only: it is filled by
 //! point reads that miss and find a value, and every committed write updates the keys it
 //! holds (after the backend accepted the write), so what it answers is exactly what the
-//! backend would. Absent keys and keys only written are not cached: on fresh state (a first
-//! batch, new keys) the cache costs no more than its misses, and a key is cached from its
-//! first read in a later batch on.
+//! backend would. Keys never seen and keys only written are not cached: on fresh state (a
+//! first batch, new keys) the cache costs no more than its misses, and a key is cached from
+//! its first read in a later batch on. A committed delete of a cached key keeps the key as
+//! known to be absent: state that comes and goes (a timer's deadline cleared when it fires,
+//! an entry removed by TTL cleanup and written again when its id comes back) is read again
+//! soon, and each such read would otherwise descend RocksDB to find nothing.
 //!
 //! - **Bounded**: entries are charged their key and value bytes plus a fixed overhead; each of
 //!   [`SHARDS`] shards holds at most its share of the budget and evicts in sweeps that give
@@ -60,16 +63,22 @@ fn range_may_hold_cached(start: &[u8], end: &[u8]) -> bool {
     start < end && start < &past[..] && end > &first[..]
 }
 
-/// A cached read: the committed bytes of a key.
+/// A cached read: the committed bytes of a key, or `None` for a key a commit deleted while
+/// it was cached.
 struct Slot {
-    value: Box<[u8]>,
+    value: Option<Box<[u8]>>,
     /// Read since the last sweep: survives the next one.
     referenced: bool,
 }
 
 impl Slot {
-    fn charge(key: &[u8], value: &[u8]) -> usize {
-        key.len() + value.len() + ENTRY_OVERHEAD
+    fn charge(key: &[u8], value: Option<&[u8]>) -> usize {
+        key.len() + value.map_or(0, <[u8]>::len) + ENTRY_OVERHEAD
+    }
+
+    /// What the slot charges its shard.
+    fn charged(&self, key: &[u8]) -> usize {
+        Self::charge(key, self.value.as_deref())
     }
 }
 
@@ -92,9 +101,9 @@ struct Shard {
 impl Shard {
     /// Caches `key`, which the shard does not hold, as just read.
     fn insert(&mut self, key: &[u8], value: &[u8], budget: usize) {
-        self.bytes += Slot::charge(key, value);
+        self.bytes += Slot::charge(key, Some(value));
         let slot = Slot {
-            value: Box::from(value),
+            value: Some(Box::from(value)),
             referenced: true,
         };
         self.map.insert(Box::from(key), slot);
@@ -103,24 +112,16 @@ impl Shard {
         }
     }
 
-    /// A committed write of `key` (`None`: deleted): updates the entry if the key is cached;
-    /// a key that is not stays uncached until it is read.
+    /// A committed write of `key` (`None`: deleted): updates the entry if the key is cached
+    /// (a delete leaves it cached as absent); a key that is not stays uncached until it is
+    /// read.
     fn update(&mut self, key: &[u8], value: Option<&[u8]>, budget: usize) {
-        match value {
-            Some(v) => {
-                if let Some(slot) = self.map.get_mut(key) {
-                    let old = Slot::charge(key, &slot.value);
-                    slot.value = Box::from(v);
-                    self.bytes = self.bytes - old + Slot::charge(key, v);
-                    if self.bytes > budget {
-                        self.evict(budget * EVICT_TO_PERCENT / 100);
-                    }
-                }
-            }
-            None => {
-                if let Some(slot) = self.map.remove(key) {
-                    self.bytes -= Slot::charge(key, &slot.value);
-                }
+        if let Some(slot) = self.map.get_mut(key) {
+            let old = slot.charged(key);
+            slot.value = value.map(Box::from);
+            self.bytes = self.bytes - old + Slot::charge(key, value);
+            if self.bytes > budget {
+                self.evict(budget * EVICT_TO_PERCENT / 100);
             }
         }
     }
@@ -131,7 +132,7 @@ impl Shard {
         self.map.retain(|k, slot| {
             let remove = doomed(k);
             if remove {
-                freed += Slot::charge(k, &slot.value);
+                freed += slot.charged(k);
             }
             !remove
         });
@@ -156,7 +157,7 @@ impl Shard {
                 if std::mem::take(&mut slot.referenced) {
                     return true;
                 }
-                bytes -= Slot::charge(k, &slot.value);
+                bytes -= slot.charged(k);
                 false
             });
             self.bytes = bytes;
@@ -205,15 +206,20 @@ impl<E: KvEngine> CachedEngine<E> {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The cached read of `key`: a hit after calling `f` with the bytes, or a miss (and the
-    /// shard's version).
+    /// The cached read of `key`: a hit (after calling `f` with the bytes, if the key is
+    /// known to have any), or a miss (and the shard's version).
     fn lookup(&self, key: &[u8], f: &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<Lookup> {
         let mut shard = self.shard(self.shard_of(key));
         match shard.map.get_mut(key) {
             Some(slot) => {
                 slot.referenced = true;
-                f(&slot.value)?;
-                Ok(Lookup::Hit)
+                match &slot.value {
+                    Some(value) => {
+                        f(value)?;
+                        Ok(Lookup::Hit(true))
+                    }
+                    None => Ok(Lookup::Hit(false)),
+                }
             }
             None => Ok(Lookup::Miss(shard.version)),
         }
@@ -285,7 +291,8 @@ impl<E: KvEngine> CachedEngine<E> {
 }
 
 enum Lookup {
-    Hit,
+    /// Cached: whether the key has a value.
+    Hit(bool),
     Miss(u64),
 }
 
@@ -303,7 +310,7 @@ impl<E: KvEngine> KvEngine for CachedEngine<E> {
             return self.inner.get_with(key, f);
         }
         let version = match self.lookup(key, &mut |v| f(v))? {
-            Lookup::Hit => return Ok(true),
+            Lookup::Hit(found) => return Ok(found),
             Lookup::Miss(version) => version,
         };
         let mut copy: Option<Box<[u8]>> = None;
@@ -328,10 +335,10 @@ impl<E: KvEngine> KvEngine for CachedEngine<E> {
             }
             let mut hit = None;
             match self.lookup(key, &mut |v| {
-                hit = Some(Some(Box::from(v)));
+                hit = Some(Box::from(v));
                 Ok(())
             })? {
-                Lookup::Hit => answers.push(hit),
+                Lookup::Hit(_) => answers.push(Some(hit)),
                 Lookup::Miss(version) => {
                     answers.push(None);
                     misses.push((i, version));
@@ -404,14 +411,27 @@ mod tests {
             Some(&b"v0"[..]),
             "a cached hit"
         );
-        // A committed write updates the cached key; a delete removes it.
+        // A committed write updates the cached key; a delete keeps it cached as absent
+        // (charged its key and overhead), and a later write of it is cached again.
         put(&e, &k, b"v1");
         assert_eq!(e.get(&k).unwrap().as_deref(), Some(&b"v1"[..]));
         let mut b = WriteBatch::new();
         b.delete(k.clone());
         e.write(&b).unwrap();
         assert_eq!(e.get(&k).unwrap(), None);
-        assert_eq!(e.cached_bytes(), 0);
+        assert_eq!(e.cached_bytes(), k.len() + ENTRY_OVERHEAD);
+        put(&e.inner, &k, b"behind the cache's back");
+        assert_eq!(e.get(&k).unwrap(), None, "a cached absence");
+        let mut found = Vec::new();
+        e.get_many(&[&k], &mut |_, v| {
+            found.push(v.map(<[u8]>::to_vec));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(found, vec![None], "get_many answers it from the cache too");
+        put(&e, &k, b"v2");
+        assert_eq!(e.get(&k).unwrap().as_deref(), Some(&b"v2"[..]));
+        assert_eq!(e.cached_bytes(), k.len() + 2 + ENTRY_OVERHEAD);
     }
 
     #[test]
