@@ -13,6 +13,7 @@ mod examples;
 mod guests_used;
 mod js;
 mod kafka;
+mod kafka_group;
 mod library_errors;
 mod pyspark_docs;
 mod pyspark_http;

@@ -273,6 +273,27 @@ impl Broker {
     }
 }
 
+impl Broker {
+    /// Produces one JSON row with `key` to an explicit `partition` (not where the key's
+    /// hash would put it) and waits until it is acknowledged.
+    pub fn produce_to(&self, topic: &str, partition: i32, key: &str, value: &serde_json::Value) {
+        let producer = self.producer();
+        let payload = value.to_string();
+        producer
+            .send(
+                BaseRecord::to(topic)
+                    .partition(partition)
+                    .key(key)
+                    .payload(payload.as_str()),
+            )
+            .map_err(|(e, _)| e)
+            .expect("queue a record");
+        producer
+            .flush(Duration::from_secs(30))
+            .expect("flush the producer");
+    }
+}
+
 /// Sends keyed JSON rows without waiting for acknowledgements (retries a full queue).
 pub fn produce_with(
     producer: &ThreadedProducer<DefaultProducerContext>,

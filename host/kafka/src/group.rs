@@ -209,6 +209,10 @@ pub struct GroupMember {
     shared: Arc<Shared>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    /// Says when the polling thread has closed the consumer.
+    closed: Receiver<()>,
+    /// How long leaving may take before the member gives up waiting.
+    close_timeout: Duration,
     /// The assignment version the owner last saw (through [`GroupMember::assignment`] or
     /// [`GroupMember::wait_change`]).
     seen: AtomicU64,
@@ -273,17 +277,23 @@ impl GroupMember {
             settings.topics.join(", ")
         )))?;
         let stop = Arc::new(AtomicBool::new(false));
+        let (closed_tx, closed) = std::sync::mpsc::channel();
         let thread = {
             let (stop, shared) = (stop.clone(), shared.clone());
             std::thread::Builder::new()
                 .name(format!("group-{}", settings.group))
-                .spawn(move || poll(consumer, &stop, &shared))
+                .spawn(move || {
+                    poll(consumer, &stop, &shared);
+                    let _ = closed_tx.send(());
+                })
                 .map_err(|e| GroupError::Setting(format!("cannot start a thread: {e}")))?
         };
         Ok(GroupMember {
             shared,
             stop,
             thread: Some(thread),
+            closed,
+            close_timeout: Duration::from_millis(settings.session_timeout_ms) + BROKER_TIMEOUT,
             seen: AtomicU64::new(0),
             group: settings.group,
         })
@@ -355,10 +365,24 @@ impl GroupMember {
 
     fn leave(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        if let Some(thread) = self.thread.take()
-            && thread.join().is_err()
-        {
-            tracing::error!(group = %self.group, "the consumer group thread panicked");
+        if let Some(thread) = self.thread.take() {
+            // librdkafka's close waits for the group's answer, without a limit; a broker
+            // that never gives one (tansu, in a rebalance that does not complete) must not
+            // hang the worker. Past the limit the closing thread is left to finish alone.
+            match self.closed.recv_timeout(self.close_timeout) {
+                Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    if thread.join().is_err() {
+                        tracing::error!(group = %self.group, "the consumer group thread panicked");
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    tracing::warn!(
+                        group = %self.group,
+                        "leaving the consumer group did not finish within {:?}; going on",
+                        self.close_timeout
+                    );
+                }
+            }
         }
         self.shared.set(Assignment::new(), None);
     }
