@@ -407,7 +407,11 @@ impl BatchSink for KafkaSink {
                 })
         });
         if let Err(e) = sent {
-            if let Err(abort) = producer.abort_transaction(BROKER_TIMEOUT) {
+            // A fenced producer has nothing to abort (the newer one aborted its open
+            // transaction) and would only wait out the timeout trying.
+            if !matches!(e, EngineError::Fenced(_))
+                && let Err(abort) = producer.abort_transaction(BROKER_TIMEOUT)
+            {
                 tracing::warn!(error = %abort, "cannot abort the Kafka transaction");
             }
             return Err(e);
