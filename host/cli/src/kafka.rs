@@ -3,7 +3,8 @@
 use clap::Args;
 use statebox_engine::Endpoints;
 use statebox_kafka::{
-    Column, Delivery, InputSettings, KafkaUrl, OutputSettings, QueryShape, StartingOffsets,
+    Column, Delivery, InputSettings, KafkaUrl, OutputSettings, QueryShape, SinkOptions,
+    SourceOptions, StartingOffsets,
 };
 
 /// Settings of a `kafka://` input or output.
@@ -112,4 +113,59 @@ pub(crate) fn endpoints(args: &KafkaArgs, w: Wiring<'_>) -> anyhow::Result<Endpo
         bounded: w.bounded,
     };
     Ok(statebox_kafka::endpoints(input, output, shape)?)
+}
+
+/// The Kafka settings of a worker's tasks (`--group`): the input's brokers and topic, and
+/// the source and sink options each task narrows to its partition and its own producer.
+pub(crate) fn task_options(
+    args: &KafkaArgs,
+    w: Wiring<'_>,
+) -> anyhow::Result<(KafkaUrl, SourceOptions, SinkOptions)> {
+    let url = |p: &std::path::Path| -> anyhow::Result<Option<KafkaUrl>> {
+        Ok(KafkaUrl::parse(&p.to_string_lossy())?)
+    };
+    let Some(input) = url(w.input)? else {
+        anyhow::bail!(
+            "--group needs a Kafka input (--input kafka://HOST:PORT/TOPIC): the group's \
+             members share the topic's partitions"
+        );
+    };
+    let Some(output) = url(w.output)? else {
+        anyhow::bail!(
+            "--group needs a Kafka output (--output kafka://HOST:PORT/TOPIC): each task \
+             delivers its batches in Kafka transactions, which is what keeps output exactly \
+             once when tasks move between workers"
+        );
+    };
+    if args.output_delivery != Delivery::ExactlyOnce {
+        anyhow::bail!("--group needs --output-delivery exactly-once");
+    }
+    let mut columns = args.kafka_columns.clone();
+    if let Some(c) = w.event_time.and_then(|c| c.parse::<Column>().ok())
+        && !columns.contains(&c)
+    {
+        columns.push(c);
+    }
+    let source = SourceOptions {
+        url: input.clone(),
+        client_options: args.kafka_options.clone(),
+        starting_offsets: args.starting_offsets.clone(),
+        max_records_per_batch: args.max_records_per_batch,
+        bounded: false,
+        columns,
+        idle_timeout_ms: args.partition_idle_timeout,
+        ..SourceOptions::default()
+    };
+    let sink = SinkOptions {
+        url: output,
+        client_options: args.kafka_options.clone(),
+        key_columns: if args.output_key.is_empty() {
+            w.key_columns.to_vec()
+        } else {
+            args.output_key.clone()
+        },
+        delivery: Delivery::ExactlyOnce,
+        ..SinkOptions::default()
+    };
+    Ok((input, source, sink))
 }

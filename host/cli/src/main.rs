@@ -1,6 +1,7 @@
 //! `statebox`: run stateful WebAssembly processors over keyed JSON Lines data.
 
 mod bench;
+mod group;
 mod job;
 mod kafka;
 mod plugin;
@@ -59,6 +60,9 @@ enum Command {
     Sql(sql::SqlArgs),
     /// Serve the multi-tenant HTTP API: tenants, processors, pipelines, output and state.
     Serve(serve::ServeArgs),
+    /// Look at a query shared by workers (`statebox run --group`).
+    #[command(subcommand)]
+    Group(group::GroupCommand),
     /// Build a Python processor file (PySpark's `StatefulProcessor` API) into a component.
     BuildPython(python::BuildPythonArgs),
     /// Drive a processor for PySpark's TwsTester run against the real host (the Python
@@ -144,7 +148,48 @@ struct RunArgs {
     #[command(flatten)]
     kafka: kafka::KafkaArgs,
     #[command(flatten)]
+    cluster: ClusterArgs,
+    #[command(flatten)]
     sandbox: SandboxArgs,
+}
+
+/// Running one query on several workers (`--group`).
+#[derive(Args)]
+struct ClusterArgs {
+    /// Run as one worker of the query shared by every `statebox run` in Kafka consumer
+    /// group NAME: the group assigns the input topic's partitions among the workers, each
+    /// partition is a task with its own state, and `--checkpoint` is this worker's local
+    /// working directory. Needs Kafka input and output, --state-store and an interval
+    /// trigger.
+    #[arg(long, value_name = "NAME", requires = "state_store")]
+    group: Option<String>,
+    /// Where the group's tasks keep their state snapshots and batch plans, reachable by
+    /// every worker: `s3://BUCKET/PREFIX` (credentials and endpoint from the AWS_*
+    /// environment variables) or a directory (`file:///PATH` or a path; shared by workers
+    /// on one machine only).
+    #[arg(long, value_name = "URL", requires = "group")]
+    state_store: Option<String>,
+    /// This worker's stable name in the group (Kafka static membership: a worker that
+    /// restarts under the same name within the session timeout keeps its partitions).
+    /// Default: host name and process id.
+    #[arg(long, requires = "group")]
+    member: Option<String>,
+    /// How long the group waits for a silent worker (killed, partitioned) before moving
+    /// its partitions to the others.
+    #[arg(long, default_value = "10s", value_parser = parse_duration_ms)]
+    session_timeout: i64,
+    /// Join as a dynamic member instead of a static one (no `group.instance.id`): a
+    /// restarting worker then rejoins as a new member and the group rebalances, and a gone
+    /// worker is removed when its session times out, on brokers that do not expire static
+    /// members.
+    #[arg(long, requires = "group")]
+    no_static_membership: bool,
+    /// How the group assigns partitions (librdkafka's `partition.assignment.strategy`):
+    /// `cooperative-sticky` moves only the partitions that change owner in a rebalance;
+    /// `range` or `roundrobin` (eager) stop every task at each rebalance and restart them,
+    /// for brokers whose group coordinator stalls on cooperative rebalances.
+    #[arg(long, default_value = "cooperative-sticky", value_parser = ["cooperative-sticky", "range", "roundrobin"])]
+    group_assignment: String,
 }
 
 /// When batches run.
@@ -287,6 +332,7 @@ fn main() -> ExitCode {
         #[cfg(feature = "sql")]
         Command::Sql(args) => sql::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::Group(cmd) => group::run_command(cmd),
         Command::BuildPython(args) => python::run(args),
         Command::TwsDriver(args) => tws::run(args),
     };
@@ -330,16 +376,24 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         time_mode: args.time_mode,
         max_files_per_batch: args.max_files_per_batch,
         state_cache_bytes: Some(args.state_cache_mb.saturating_mul(1 << 20)),
-        event_time: args.event_time.map(|column| EventTimeOptions {
+        event_time: args.event_time.clone().map(|column| EventTimeOptions {
             column,
             watermark_delay_ms: args.watermark_delay.unwrap_or(0),
         }),
-        output_event_time_column: args.output_event_time,
-        initial_state: args.initial_state,
+        output_event_time_column: args.output_event_time.clone(),
+        initial_state: args.initial_state.clone(),
         min_batches_to_retain: args.min_batches_to_retain,
         snapshot_interval: args.snapshot_interval,
-        ..QueryOptions::new(args.input, args.output.clone(), args.checkpoint, args.key)
+        ..QueryOptions::new(
+            args.input.clone(),
+            args.output.clone(),
+            args.checkpoint.clone(),
+            args.key.clone(),
+        )
     };
+    if let Some(group) = args.cluster.group.clone() {
+        return run_group(args, opts, Arc::new(processor), group);
+    }
     let endpoints = kafka::endpoints(
         &args.kafka,
         kafka::Wiring {
@@ -432,6 +486,80 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         eprintln!();
     }
     outcome
+}
+
+/// `statebox run --group`: this process is one worker of the query (see `group`).
+fn run_group(
+    args: RunArgs,
+    opts: QueryOptions,
+    processor: Arc<dyn statebox_engine::ProcessorFactory>,
+    group: String,
+) -> anyhow::Result<()> {
+    let Trigger::Interval(every) = args.trigger else {
+        anyhow::bail!(
+            "--group needs --trigger interval=DURATION: a worker runs until stopped, while \
+             the group moves partitions between workers"
+        );
+    };
+    if opts.initial_state.is_some() {
+        anyhow::bail!("--initial-state is not supported with --group");
+    }
+    let (input, source, sink) = kafka::task_options(
+        &args.kafka,
+        kafka::Wiring {
+            input: &opts.input,
+            output: &opts.output,
+            key_columns: &opts.key_columns,
+            event_time: opts.event_time.as_ref().map(|e| e.column.as_str()),
+            bounded: false,
+        },
+    )?;
+    let url = args.cluster.state_store.clone().expect("clap requires it");
+    let store = statebox_cluster::StateStore::open(&url)
+        .with_context(|| format!("cannot open the state store {url}"))?;
+    let member = args.cluster.member.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/etc/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_else(|_| "worker".into());
+        format!("{host}-{}", std::process::id())
+    });
+    let progress_json = args.progress_json;
+    let report = Arc::new(move |task: &str, r: &statebox_engine::BatchReport| {
+        if progress_json {
+            let mut v = serde_json::to_value(r).expect("a report serialises");
+            v["task"] = serde_json::Value::from(task);
+            println!("{v}");
+        }
+        let c = &r.commit;
+        eprintln!(
+            "task {task} batch {}: {} rows, {} output rows in {} ms",
+            c.batch_id, c.input_rows, c.output_rows, r.timing.duration_ms
+        );
+    });
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = stop.clone();
+    ctrlc::set_handler(move || flag.store(true, std::sync::atomic::Ordering::SeqCst))
+        .context("cannot install the Ctrl-C handler")?;
+    group::run(
+        group::Worker {
+            group,
+            member,
+            session_timeout_ms: args.cluster.session_timeout.max(1) as u64,
+            assignment_strategy: args.cluster.group_assignment.clone(),
+            static_membership: !args.cluster.no_static_membership,
+            input,
+            source,
+            sink,
+            opts,
+            store,
+            processor,
+            every,
+            report,
+        },
+        stop,
+    )?;
+    eprintln!("stopped after each task's last committed batch");
+    Ok(())
 }
 
 #[cfg(test)]

@@ -13,7 +13,8 @@ use statebox_sql::OutputFormat;
 #[derive(Args)]
 pub(crate) struct SqlArgs {
     /// The checkpoint a table function reads when its call names none (read-only; may be
-    /// in use by a running pipeline).
+    /// in use by a running pipeline), or a task in a state store
+    /// (`URL/tasks/TOPIC-PARTITION`, its latest snapshot).
     #[arg(long)]
     checkpoint: Option<PathBuf>,
     /// One query, e.g. "SELECT key, value FROM read_statestore('/ck', stateVarName =>
@@ -52,7 +53,11 @@ impl From<Format> for OutputFormat {
 pub(crate) fn run(args: SqlArgs) -> anyhow::Result<()> {
     let stdout = std::io::stdout();
     let mut out = BufWriter::new(stdout.lock());
-    let checkpoint = args.checkpoint.as_deref();
+    let task = match &args.checkpoint {
+        Some(dir) => Some(crate::group::readable_checkpoint(dir)?),
+        None => None,
+    };
+    let checkpoint = task.as_ref().map(|(dir, _)| dir.as_path());
     statebox_sql::run_paths(checkpoint, &args.query, args.format.into(), &mut out).with_context(
         || match checkpoint {
             Some(dir) => format!("query on checkpoint {} failed", dir.display()),

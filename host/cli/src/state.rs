@@ -25,14 +25,18 @@ pub(crate) enum StateCommand {
 
 #[derive(Args)]
 pub(crate) struct CheckpointArgs {
-    /// The checkpoint directory (read-only; may be in use by a running pipeline).
+    /// The checkpoint directory (read-only; may be in use by a running pipeline), or a task
+    /// of a query shared by workers in their state store: `URL/tasks/TOPIC-PARTITION`
+    /// (its latest snapshot).
     #[arg(long)]
     checkpoint: PathBuf,
 }
 
 #[derive(Args)]
 pub(crate) struct ReadArgs {
-    /// The checkpoint directory (read-only; may be in use by a running pipeline).
+    /// The checkpoint directory (read-only; may be in use by a running pipeline), or a task
+    /// of a query shared by workers in their state store: `URL/tasks/TOPIC-PARTITION`
+    /// (its latest snapshot).
     #[arg(long)]
     checkpoint: PathBuf,
     /// The state variable to read.
@@ -55,7 +59,9 @@ pub(crate) struct ReadArgs {
 
 #[derive(Args)]
 pub(crate) struct ChangesArgs {
-    /// The checkpoint directory (read-only; may be in use by a running pipeline).
+    /// The checkpoint directory (read-only; may be in use by a running pipeline), or a task
+    /// of a query shared by workers in their state store: `URL/tasks/TOPIC-PARTITION`
+    /// (its latest snapshot).
     #[arg(long)]
     checkpoint: PathBuf,
     /// The state variable whose changes to print.
@@ -74,7 +80,9 @@ pub(crate) struct ChangesArgs {
 
 #[derive(Args)]
 pub(crate) struct ProgressArgs {
-    /// The checkpoint directory (read-only; may be in use by a running pipeline).
+    /// The checkpoint directory (read-only; may be in use by a running pipeline), or a task
+    /// of a query shared by workers in their state store: `URL/tasks/TOPIC-PARTITION`
+    /// (its latest snapshot).
     #[arg(long)]
     checkpoint: PathBuf,
     /// How many of the most recent batches to print.
@@ -125,8 +133,29 @@ pub(crate) fn run(cmd: StateCommand) -> anyhow::Result<()> {
     out.flush().context("cannot write to standard output")
 }
 
-fn open(dir: &std::path::Path) -> anyhow::Result<StateReader> {
-    StateReader::open(dir).with_context(|| format!("cannot read checkpoint {}", dir.display()))
+/// A reader of a checkpoint, and the temporary copy it reads when the checkpoint is a task
+/// in a state store (removed when this is dropped).
+struct Opened {
+    reader: StateReader,
+    _download: Option<tempfile::TempDir>,
+}
+
+impl std::ops::Deref for Opened {
+    type Target = StateReader;
+
+    fn deref(&self) -> &StateReader {
+        &self.reader
+    }
+}
+
+fn open(dir: &std::path::Path) -> anyhow::Result<Opened> {
+    let (local, download) = crate::group::readable_checkpoint(dir)?;
+    let reader = StateReader::open(&local)
+        .with_context(|| format!("cannot read checkpoint {}", dir.display()))?;
+    Ok(Opened {
+        reader,
+        _download: download,
+    })
 }
 
 fn read(args: ReadArgs, out: &mut impl Write) -> anyhow::Result<()> {

@@ -13,6 +13,8 @@ pub(crate) const SNAPSHOTS: &str = "snapshots";
 pub(crate) const FILES: &str = "files";
 /// A task's owner generations: `owners/<generation>`.
 pub(crate) const OWNERS: &str = "owners";
+/// Workers' member records, beside `tasks/`: `members/<member>.json`.
+pub(crate) const MEMBERS: &str = "members";
 
 /// A batch id or generation as a key: 20 digits, so that key order is numeric order.
 pub(crate) fn number(n: u64) -> String {

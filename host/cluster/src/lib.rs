@@ -43,11 +43,13 @@
 
 mod error;
 mod keys;
+mod members;
 mod snapshot;
 mod store;
 mod task;
 
 pub use error::{Error, Result};
+pub use members::MemberRecord;
 pub use snapshot::{MANIFEST_FORMAT, Manifest, ManifestFile, Retention};
 pub use store::{StateStore, TaskSummary};
 pub use task::{PlanPut, TaskStore};

@@ -84,7 +84,7 @@ impl Shared {
 /// connection pool and runtime.
 #[derive(Clone)]
 pub struct StateStore {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
 }
 
 impl std::fmt::Debug for StateStore {

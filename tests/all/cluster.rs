@@ -1,0 +1,329 @@
+//! One query on several workers (`statebox run --group`): a real Kafka-protocol broker
+//! (tansu) holds the input, the output and the consumer group; a real S3 server (moto) holds
+//! the tasks' state snapshots and batch plans. Workers are separate `statebox` processes,
+//! killed with SIGKILL, added and removed while records keep arriving.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use statebox_tests::kafka::{Broker, Record, counted_per_key, counts_in_state, produce_with};
+use statebox_tests::s3::S3;
+use statebox_tests::{Rng, Scratch, StateboxRun, guests};
+
+/// The partitions of the input topic: more tasks than workers, so every rebalance moves
+/// some.
+const PARTITIONS: i32 = 6;
+
+/// A worker of group `g` with its own local directory.
+struct Workers<'a> {
+    broker: &'a Broker,
+    s3: &'a S3,
+    store: String,
+    root: &'a Path,
+}
+
+impl Workers<'_> {
+    fn local(&self, name: &str) -> PathBuf {
+        self.root.join(name)
+    }
+
+    fn start(&self, name: &str) -> Child {
+        let mut cmd = StateboxRun::new(guests::COUNTER)
+            .args(["--input", &self.broker.url("clicks")])
+            .args(["--output", &self.broker.url("counts")])
+            .args(["--checkpoint".as_ref(), self.local(name).as_os_str()])
+            .args(["--key", "user", "--output-key", "key"])
+            .args(["--group", "g", "--member", name])
+            .args(["--state-store", &self.store])
+            .args(["--trigger", "interval=200ms", "--snapshot-interval", "3"])
+            .args(["--max-records-per-batch", "400", "--session-timeout", "6s"])
+            // tansu stalls on cooperative rebalances of three members, and never expires a
+            // static member killed with -9 (see kafka_group.rs): eager, dynamic members.
+            .args(["--group-assignment", "range", "--no-static-membership"])
+            .command();
+        for (k, v) in self.s3.env() {
+            cmd.env(k, v);
+        }
+        let log = std::fs::File::create(self.root.join(format!("{name}.log"))).expect("a log");
+        cmd.stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("start a worker")
+    }
+
+    fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.root.join(format!("{name}.log"))).unwrap_or_default()
+    }
+
+    /// The partitions `name` last said it owns.
+    fn owned(&self, name: &str) -> Vec<i32> {
+        let log = self.log(name);
+        let Some(line) = log.lines().rev().find(|l| l.contains(" owns partitions [")) else {
+            return Vec::new();
+        };
+        let list = line
+            .split_once('[')
+            .and_then(|(_, rest)| rest.split_once(']'))
+            .map_or("", |(list, _)| list);
+        list.split(',')
+            .filter_map(|p| p.trim().parse().ok())
+            .collect()
+    }
+
+    /// Waits until the live workers own every partition, each exactly once.
+    fn wait_converged(&self, live: &[&str], limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            // With more partitions than workers, each live worker owns some.
+            let each = live.iter().all(|w| !self.owned(w).is_empty());
+            let mut all: Vec<i32> = live.iter().flat_map(|w| self.owned(w)).collect();
+            all.sort_unstable();
+            if each && all == (0..PARTITIONS).collect::<Vec<_>>() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the group did not give {live:?} every partition within {limit:?} (they own \
+                 {all:?}); their logs:\n{}",
+                live.iter()
+                    .map(|w| format!("--- {w} ---\n{}", self.log(w)))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+/// Sends SIGINT (a clean stop after each task's batch) and waits for the exit.
+fn stop(mut child: Child) {
+    let pid = child.id().to_string();
+    let _ = std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(status) = child.try_wait().expect("poll a worker") {
+            assert!(status.success(), "a worker stopped with {status}");
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a worker did not stop within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The committed output records (a correct `read_committed` consumer's view: tansu also
+/// shows records of aborted transactions, which the raw log's markers tell apart).
+fn committed_output(broker: &Broker) -> Vec<Record> {
+    let (committed, _aborted) = broker.committed_offsets("counts", PARTITIONS);
+    let committed: std::collections::BTreeSet<(i32, i64)> = committed.into_iter().collect();
+    broker
+        .read_all("counts", "read_committed")
+        .into_iter()
+        .filter(|r| committed.contains(&(r.partition, r.offset)))
+        .collect()
+}
+
+/// For each task, the local checkpoint with the latest committed batch among the workers'.
+fn latest_task_checkpoints(roots: &[PathBuf]) -> BTreeMap<String, PathBuf> {
+    let mut best: BTreeMap<String, (u64, PathBuf)> = BTreeMap::new();
+    for root in roots {
+        let Ok(entries) = std::fs::read_dir(root.join("tasks")) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let dir = entry.path();
+            let Ok(reader) = statebox_engine::StateReader::open(&dir) else {
+                continue;
+            };
+            let Some(head) = reader.progress(1).ok().and_then(|p| p.last().cloned()) else {
+                continue;
+            };
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if best.get(&name).is_none_or(|(b, _)| head.batch_id > *b) {
+                best.insert(name, (head.batch_id, dir));
+            }
+        }
+    }
+    best.into_iter().map(|(k, (_, d))| (k, d)).collect()
+}
+
+/// Three workers share a query; one is killed with -9 mid-batch, a fourth joins, two leave,
+/// while records keep arriving. Every input record's effect is in the committed output
+/// exactly once, and the tasks' final state equals one process's run over the same input.
+#[test]
+fn three_workers_killed_added_and_removed_count_every_record_exactly_once() {
+    let broker = Broker::start();
+    broker.create_topic("clicks", PARTITIONS);
+    broker.create_topic("counts", PARTITIONS);
+    broker.create_topic("single", PARTITIONS);
+    let s3 = S3::start();
+    s3.create_bucket("state");
+    let scratch = Scratch::new();
+    let workers = Workers {
+        broker: &broker,
+        s3: &s3,
+        store: "s3://state/query".into(),
+        root: scratch.path(),
+    };
+
+    // Production: 120 rows every 50 ms, keyed by user, until told to stop.
+    let done = Arc::new(AtomicBool::new(false));
+    let producer = {
+        let done = done.clone();
+        let producer = broker.producer();
+        std::thread::spawn(move || {
+            let mut rng = Rng::new(11);
+            let mut produced: BTreeMap<String, i64> = BTreeMap::new();
+            let mut seq = 0u64;
+            while !done.load(Ordering::SeqCst) {
+                let rows: Vec<(String, serde_json::Value)> = (0..120)
+                    .map(|_| {
+                        seq += 1;
+                        let user = format!("u{}", rng.below(300));
+                        (user.clone(), json!({"user": user, "seq": seq}))
+                    })
+                    .collect();
+                for (user, _) in &rows {
+                    *produced.entry(user.clone()).or_default() += 1;
+                }
+                produce_with(&producer, "clicks", &rows);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            rdkafka::producer::Producer::flush(&producer, Duration::from_secs(30)).unwrap();
+            produced
+        })
+    };
+    let logs = || {
+        ["w1", "w2", "w3", "w4", "w5"]
+            .iter()
+            .map(|w| format!("--- {w} ---\n{}", workers.log(w)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let progress = |what: &str, want: usize, limit: Duration| {
+        let deadline = Instant::now() + limit;
+        loop {
+            let n = committed_output(&broker).len();
+            if n >= want {
+                return n;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "waited {limit:?} for {what} ({n} of {want} output records); the workers' logs:\n{}",
+                logs()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+
+    let converge = Duration::from_secs(60);
+    let w1 = workers.start("w1");
+    let w2 = workers.start("w2");
+    let w3 = workers.start("w3");
+    workers.wait_converged(&["w1", "w2", "w3"], converge);
+    let seen = progress("output from three workers", 200, Duration::from_secs(60));
+
+    // Kill -9 one worker while its tasks run batches; its partitions move after the
+    // session timeout, and their new owners restore from S3 and replay.
+    let mut w2 = w2;
+    w2.kill().expect("kill -9 a worker");
+    w2.wait().expect("reap it");
+    workers.wait_converged(&["w1", "w3"], converge);
+    let seen = progress("output after the kill", seen + 400, Duration::from_secs(90));
+
+    // A fourth worker joins and takes some tasks.
+    let w4 = workers.start("w4");
+    workers.wait_converged(&["w1", "w3", "w4"], converge);
+    let seen = progress(
+        "output with a fourth worker",
+        seen + 400,
+        Duration::from_secs(90),
+    );
+
+    // Two leave cleanly; the one left takes everything.
+    stop(w1);
+    stop(w3);
+    workers.wait_converged(&["w4"], converge);
+    progress("output after two left", seen + 400, Duration::from_secs(90));
+
+    done.store(true, Ordering::SeqCst);
+    let produced = producer.join().expect("the producer");
+    let input: i64 = produced.values().sum();
+
+    // The remaining worker, and one more, catch up with everything produced.
+    let w5 = workers.start("w5");
+    workers.wait_converged(&["w4", "w5"], converge);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let counted: i64 = counted_per_key(&committed_output(&broker)).values().sum();
+        assert!(
+            counted <= input,
+            "more counted ({counted}) than produced ({input}): a batch was delivered twice"
+        );
+        if counted == input {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{counted} of {input} records counted after 120 s; the workers' logs:\n{}",
+            logs()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    stop(w4);
+    stop(w5);
+
+    // Exactly once: per key, the committed output's counts add up to what was produced.
+    let output = committed_output(&broker);
+    assert_eq!(counted_per_key(&output), produced, "output per key");
+
+    // The tasks' final state (each task's latest checkpoint among the workers) equals a
+    // single process's run over the same input.
+    let roots: Vec<PathBuf> = ["w1", "w2", "w3", "w4", "w5"]
+        .iter()
+        .map(|w| workers.local(w))
+        .collect();
+    let tasks = latest_task_checkpoints(&roots);
+    assert_eq!(
+        tasks.len(),
+        PARTITIONS as usize,
+        "tasks: {:?}",
+        tasks.keys()
+    );
+    let mut group_state = BTreeMap::new();
+    for dir in tasks.values() {
+        for (key, count) in counts_in_state(dir) {
+            assert!(
+                group_state.insert(key.clone(), count).is_none(),
+                "key {key} has state in two tasks"
+            );
+        }
+    }
+    let single = scratch.path().join("single");
+    StateboxRun::new(guests::COUNTER)
+        .args(["--input", &broker.url("clicks")])
+        .args(["--output", &broker.url("single")])
+        .args(["--checkpoint".as_ref(), single.as_os_str()])
+        .args(["--key", "user", "--output-key", "key"])
+        .run()
+        .expect_ok();
+    assert_eq!(group_state, counts_in_state(&single), "state per key");
+    assert_eq!(group_state, produced);
+    for w in ["w1", "w2", "w3", "w4", "w5"] {
+        let log = workers.log(w);
+        assert!(!log.contains("panicked"), "worker {w} panicked:\n{log}");
+    }
+    eprintln!(
+        "{input} records over {PARTITIONS} tasks, {} committed output records",
+        output.len()
+    );
+}
