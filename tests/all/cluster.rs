@@ -60,6 +60,22 @@ impl Workers<'_> {
         std::fs::read_to_string(self.root.join(format!("{name}.log"))).unwrap_or_default()
     }
 
+    /// Runs a `statebox` command with the store's settings; its standard output.
+    fn statebox(&self, args: &[&str]) -> String {
+        let mut cmd = std::process::Command::new(statebox_tests::statebox_bin());
+        cmd.args(args);
+        for (k, v) in self.s3.env() {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().expect("run statebox");
+        assert!(
+            out.status.success(),
+            "statebox {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("UTF-8 output")
+    }
+
     /// The partitions `name` last said it owns.
     fn owned(&self, name: &str) -> Vec<i32> {
         let log = self.log(name);
@@ -322,8 +338,176 @@ fn three_workers_killed_added_and_removed_count_every_record_exactly_once() {
         let log = workers.log(w);
         assert!(!log.contains("panicked"), "worker {w} panicked:\n{log}");
     }
+
+    // `statebox group status`: every task, its owner generation, snapshot and lag (none
+    // left: everything produced was planned), and the workers that ran.
+    let status = workers.statebox(&[
+        "group",
+        "status",
+        "--input",
+        &broker.url("clicks"),
+        "--group",
+        "g",
+        "--state-store",
+        &workers.store,
+    ]);
+    let status: serde_json::Value = serde_json::from_str(&status).expect("status is JSON");
+    let tasks_status = status["tasks"].as_array().expect("tasks");
+    assert_eq!(tasks_status.len(), PARTITIONS as usize, "{status}");
+    for t in tasks_status {
+        assert!(t["owner_generation"].as_u64().unwrap_or(0) >= 1, "{t}");
+        assert_eq!(t["lag"], 0, "{t}");
+        assert!(t["last_snapshot_batch"].is_u64(), "{t}");
+    }
+    let members: Vec<&str> = status["workers"]
+        .as_array()
+        .expect("workers")
+        .iter()
+        .filter_map(|w| w["member"].as_str())
+        .collect();
+    assert_eq!(members, ["w1", "w2", "w3", "w4", "w5"], "{status}");
+
+    // `statebox state read` of a task in the store: its latest snapshot, a prefix of the
+    // task's history, so every count is at most the final one.
+    let task = format!("{}/tasks/clicks-0", workers.store);
+    let rows = workers.statebox(&["state", "read", "--checkpoint", &task, "--var", "count"]);
+    let mut read = 0;
+    for line in rows.lines() {
+        let row: serde_json::Value = serde_json::from_str(line).expect("a JSON row");
+        let key = row["key"]["user"].as_str().expect("a user key");
+        let count = row["value"].as_i64().expect("a count");
+        assert!(
+            count >= 1 && count <= group_state[key],
+            "snapshot count {count} of {key}, final {}",
+            group_state[key]
+        );
+        read += 1;
+    }
+    assert!(read > 0, "the snapshot of clicks-0 holds no counts");
     eprintln!(
         "{input} records over {PARTITIONS} tasks, {} committed output records",
         output.len()
     );
+}
+
+/// A worker stopped (SIGSTOP) long enough for the group to give its tasks to another, then
+/// woken with input waiting: it cannot write state or output for the tasks it lost. Its
+/// producer was fenced by the new owner's, its owner generation by the new owner's claim;
+/// every snapshot written after it stopped is the new owner's, and the output still counts
+/// every record exactly once.
+#[test]
+fn a_stale_worker_woken_after_its_tasks_moved_writes_nothing() {
+    let broker = Broker::start();
+    broker.create_topic("clicks", PARTITIONS);
+    broker.create_topic("counts", PARTITIONS);
+    let s3 = S3::start();
+    s3.create_bucket("state");
+    let scratch = Scratch::new();
+    let workers = Workers {
+        broker: &broker,
+        s3: &s3,
+        store: "s3://state/stale".into(),
+        root: scratch.path(),
+    };
+    let mut rng = Rng::new(5);
+    let mut produced: BTreeMap<String, i64> = BTreeMap::new();
+    let mut produce = |n: usize| {
+        let rows: Vec<(String, serde_json::Value)> = (0..n)
+            .map(|i| {
+                let user = format!("u{}", rng.below(50));
+                (user.clone(), json!({"user": user, "i": i}))
+            })
+            .collect();
+        for (user, _) in &rows {
+            *produced.entry(user.clone()).or_default() += 1;
+        }
+        broker.produce("clicks", &rows);
+    };
+    let counted = || -> i64 { counted_per_key(&committed_output(&broker)).values().sum() };
+    let wait_counted = |want: i64, what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let n = counted();
+            assert!(
+                n <= want,
+                "{n} counted, more than the {want} produced ({what})"
+            );
+            if n == want {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: {n} of {want} counted; logs:\n--- w1 ---\n{}\n--- w2 ---\n{}",
+                workers.log("w1"),
+                workers.log("w2")
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+
+    produce(300);
+    let w1 = workers.start("w1");
+    workers.wait_converged(&["w1"], Duration::from_secs(60));
+    wait_counted(300, "w1 alone");
+
+    // w1 stops answering; the group gives its tasks to w2 after the session timeout.
+    let pid = w1.id().to_string();
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    let stopped_at_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    produce(200);
+    let w2 = workers.start("w2");
+    workers.wait_converged(&["w2"], Duration::from_secs(60));
+    wait_counted(500, "w2 after taking over");
+
+    // Input waits for the stale worker when it wakes: its next batch is planned at once.
+    produce(100);
+    signal("-CONT");
+    wait_counted(600, "after w1 woke");
+    // Give w1 time to act on what it believes it owns, then stop both.
+    std::thread::sleep(Duration::from_secs(3));
+    stop(w2);
+    let mut w1 = w1;
+    let _ = std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while w1.try_wait().expect("poll w1").is_none() {
+        assert!(Instant::now() < deadline, "w1 did not stop");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    assert_eq!(counted_per_key(&committed_output(&broker)), produced);
+    let log = workers.log("w1");
+    assert!(
+        log.contains("fenced") || log.contains("owns partitions []"),
+        "the stale worker neither saw itself fenced nor lost its partitions:\n{log}"
+    );
+    // Every snapshot taken after w1 stopped was taken by a later owner generation.
+    let store = statebox_cluster::StateStore::open_with(&workers.store, s3.env()).unwrap();
+    for p in 0..PARTITIONS {
+        let task = store.task(&format!("clicks-{p}")).unwrap();
+        for batch in task.snapshot_batches().unwrap() {
+            let Some(m) = task.snapshot(batch).unwrap() else {
+                continue;
+            };
+            if m.created_at_ms > stopped_at_ms {
+                assert!(
+                    m.generation >= 2,
+                    "clicks-{p}: snapshot of batch {batch} by stale generation {}",
+                    m.generation
+                );
+            }
+        }
+    }
 }
