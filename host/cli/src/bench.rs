@@ -17,6 +17,7 @@ use statebox_engine::{
 
 use crate::SandboxArgs;
 
+mod failover;
 mod peers;
 
 #[derive(Subcommand)]
@@ -43,6 +44,10 @@ pub(crate) enum BenchCommand {
     /// generated once, every engine run on it in the same run (peers installed by
     /// `bench/peers/setup.sh`); one JSON line per engine, then a table.
     Peers(peers::PeersArgs),
+    /// A query shared by workers (`statebox run --group`): the recovery time of a task
+    /// with `--state-mb` of state (snapshot download + replay of the logged plans), and
+    /// with `--brokers`, throughput with 1, 2 and 3 worker processes.
+    Failover(failover::FailoverArgs),
 }
 
 #[derive(Args)]
@@ -176,6 +181,7 @@ pub(crate) fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Startup(args) => startup(args),
         BenchCommand::Kafka(args) => kafka(args),
         BenchCommand::Peers(args) => peers::run(args),
+        BenchCommand::Failover(args) => failover::run(args),
     }
 }
 

@@ -295,7 +295,7 @@ fn task_dir(local: &Path, name: &str) -> PathBuf {
 /// (the engine logs or adopts each plan there first, and commits only after Kafka took the
 /// batch's output), so it is a prefix of the task's history, and the logged plans after
 /// it re-run as after a restore.
-fn restore(task: &TaskStore, dir: &Path) -> anyhow::Result<()> {
+pub(crate) fn restore(task: &TaskStore, dir: &Path) -> anyhow::Result<()> {
     let latest = task.latest_snapshot()?;
     let local_head = statebox_engine::StateReader::open(dir)
         .ok()
@@ -317,7 +317,12 @@ fn restore(task: &TaskStore, dir: &Path) -> anyhow::Result<()> {
 }
 
 /// Uploads the local snapshot the engine took after `batch`.
-fn upload(task: &TaskStore, generation: u64, dir: &Path, batch: u64) -> anyhow::Result<()> {
+pub(crate) fn upload(
+    task: &TaskStore,
+    generation: u64,
+    dir: &Path,
+    batch: u64,
+) -> anyhow::Result<()> {
     let snapshot = statebox_engine::reader::snapshots_dir(dir)
         .join(statebox_engine::reader::snapshot_name(batch))
         .join("state");
@@ -335,9 +340,9 @@ fn upload(task: &TaskStore, generation: u64, dir: &Path, batch: u64) -> anyhow::
 }
 
 /// The engine's plan log over a task's plans in the state store.
-struct TaskPlans {
-    task: Arc<TaskStore>,
-    generation: u64,
+pub(crate) struct TaskPlans {
+    pub task: Arc<TaskStore>,
+    pub generation: u64,
 }
 
 fn store_error(e: statebox_cluster::Error) -> EngineError {
