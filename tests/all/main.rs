@@ -5,6 +5,7 @@
 //! `cargo build --release -p statebox`.
 
 mod bad_input;
+mod bench_failover;
 mod cluster;
 mod cluster_store;
 mod components;

@@ -278,6 +278,7 @@ fn recovery(args: &FailoverArgs, cores: usize) -> anyhow::Result<serde_json::Val
     // all of it, and their plans are logged. A new owner replays them.
     let mut query = open(options(first_dir.clone(), first_output.clone()), generation)?;
     let mut rng: u64 = 0x2545_F491_4F6C_DD1D;
+    let started = Instant::now();
     for _ in 0..args.replay_batches {
         let picks: Vec<u64> = (0..args.batch_events)
             .map(|_| {
@@ -299,6 +300,7 @@ fn recovery(args: &FailoverArgs, cores: usize) -> anyhow::Result<serde_json::Val
         batch += 1;
     }
     let last_batch = batch - 1;
+    let first_run_seconds = started.elapsed();
     drop(query);
     // The first owner is gone (its output stays, to compare the replay with); its state
     // would only take disk space.
@@ -355,6 +357,10 @@ fn recovery(args: &FailoverArgs, cores: usize) -> anyhow::Result<serde_json::Val
         "workload": "failover-recovery",
         "processor": "counter-native",
         "store": kind,
+        "store_url": store_url,
+        "task": task.name(),
+        "owner_generation": new_generation,
+        "last_batch": last_batch,
         "cores": cores,
         "keys": keys,
         "key_bytes": args.key_bytes,
@@ -371,6 +377,9 @@ fn recovery(args: &FailoverArgs, cores: usize) -> anyhow::Result<serde_json::Val
         "replay_batches": replayed,
         "replay_events": replayed * args.batch_events,
         "replay_seconds": secs(replay_seconds),
+        // The same batches when the first owner ran them (input files written included):
+        // what the replay compares with.
+        "first_run_seconds": secs(first_run_seconds),
         "recovery_seconds": secs(recovery_seconds),
         "replay_output_identical": true,
     }))
