@@ -484,7 +484,15 @@ fn scaling(args: &FailoverArgs, brokers: &str, cores: usize) -> anyhow::Result<(
         args.events,
         started.elapsed().as_secs_f64()
     );
-    let exe = std::env::current_exe().context("cannot find this statebox binary")?;
+    let mut exe = std::env::current_exe().context("cannot find this statebox binary")?;
+    if !exe.exists() {
+        // Rebuilt while this ran: Linux names the old file `… (deleted)`. The workers run
+        // the new build at the same path (copy the binary away for figures that matter).
+        if let Some(path) = exe.to_str().and_then(|p| p.strip_suffix(" (deleted)")) {
+            eprintln!("this statebox binary was replaced while running; the workers run {path}");
+            exe = PathBuf::from(path);
+        }
+    }
     for &n in &args.workers {
         let out_topic = format!("statebox-failover-{run_id}-out-{n}");
         statebox_kafka::create_topic(brokers, opts, &out_topic, args.topic_partitions)?;
