@@ -75,6 +75,11 @@ pub(crate) struct FailoverArgs {
     /// three members. Workers join as dynamic members (tansu never expires static ones).
     #[arg(long, default_value = "range", value_parser = ["cooperative-sticky", "range", "roundrobin"])]
     group_assignment: String,
+    /// Records per batch of each scaling-run task (`statebox run --max-records-per-batch`):
+    /// tansu answers a fetch of a whole 100,000-record partition too slowly on a loaded
+    /// machine (the task's 30 s read deadline passes and it retries).
+    #[arg(long, default_value_t = 20_000)]
+    max_records_per_batch: u64,
     /// Give up on a scaling run that has not counted every event after this many seconds.
     #[arg(long, default_value_t = 600)]
     timeout_s: u64,
@@ -524,7 +529,11 @@ fn scaling(args: &FailoverArgs, brokers: &str, cores: usize) -> anyhow::Result<(
                 .args(["--trigger", "interval=200ms", "--progress-json"])
                 .args(["--group-assignment", &args.group_assignment])
                 .arg("--no-static-membership")
-                .args(["--session-timeout", "6s"]);
+                .args(["--session-timeout", "6s"])
+                .args([
+                    "--max-records-per-batch",
+                    &args.max_records_per_batch.to_string(),
+                ]);
             for (k, v) in opts {
                 cmd.args(["--kafka-option", &format!("{k}={v}")]);
             }
@@ -617,6 +626,7 @@ fn scaling(args: &FailoverArgs, brokers: &str, cores: usize) -> anyhow::Result<(
                 "events": args.events,
                 "keys": args.keys,
                 "topic_partitions": args.topic_partitions,
+                "max_records_per_batch": args.max_records_per_batch,
                 "tasks": tasks,
                 "batches": batches,
                 "seconds": secs(seconds),
