@@ -113,6 +113,11 @@ pub(crate) fn run(worker: Worker, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     let mut announced: Option<Instant> = None;
     let outcome = (|| -> anyhow::Result<()> {
         while !stop.load(Ordering::SeqCst) {
+            // A membership the broker ended for good (another live worker with this
+            // worker's --member name, a fatal client error): nothing is assigned any more.
+            member.failure().with_context(|| {
+                format!("worker `{}` left group `{}`", worker.member, worker.group)
+            })?;
             let owned: Vec<i32> = member
                 .assignment()
                 .into_iter()
