@@ -16,8 +16,10 @@
 //!   with its instance id gets the same member id and the same partitions, and the others
 //!   keep theirs; a closed static member sends no LeaveGroup (librdkafka's behaviour, as in
 //!   Kafka), so its partitions move when its session times out;
-//! - a member killed with -9 is removed after `session.timeout.ms` and its partitions
-//!   reassigned;
+//! - a dynamic member killed with -9 is removed after `session.timeout.ms` and its
+//!   partitions reassigned; a static one is not reliably: its partitions sometimes never
+//!   move (seen in `statebox run --group` workers after a rebalance, and once in this
+//!   file's test when it used static members), so the workers' tests join dynamically;
 //! - the first join of a group waits about 3 s (tansu's initial rebalance delay), and a
 //!   rejoin after a change takes a few seconds more;
 //! - DescribeGroups answers the group's state but lists no members (and puts the leader's
@@ -298,8 +300,10 @@ fn three_members_split_a_topic_and_take_over_from_one_that_leaves() {
 fn a_killed_member_loses_its_partitions_after_the_session_timeout() {
     let broker = Broker::start();
     broker.create_topic(TOPIC, 6);
-    let a = GroupMember::join(settings(&broker, "g", "a", Assignor::Cooperative)).expect("a");
-    let mut b = MemberProcess::start(&broker, "g", "b", Assignor::Cooperative);
+    // Dynamic members: tansu does not reliably expire a static member killed with -9 (in
+    // one run of four its partitions never moved; see the module docs).
+    let a = GroupMember::join(settings(&broker, "g", "", Assignor::Cooperative)).expect("a");
+    let mut b = MemberProcess::start(&broker, "g", "", Assignor::Cooperative);
     wait_split("two members split the topic", &[&a, &b], 6);
     let b_had = b.assignment();
     b.kill();
