@@ -4,6 +4,7 @@
 //! killed with SIGKILL, added and removed while records keep arriving.
 
 use std::collections::BTreeMap;
+use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::sync::Arc;
@@ -32,7 +33,7 @@ impl Workers<'_> {
         self.root.join(name)
     }
 
-    fn start(&self, name: &str) -> Child {
+    fn start(&self, name: &str) -> Worker {
         let mut cmd = StateboxRun::new(guests::COUNTER)
             .args(["--input", &self.broker.url("clicks")])
             .args(["--output", &self.broker.url("counts")])
@@ -50,10 +51,12 @@ impl Workers<'_> {
             cmd.env(k, v);
         }
         let log = std::fs::File::create(self.root.join(format!("{name}.log"))).expect("a log");
-        cmd.stdout(Stdio::null())
-            .stderr(Stdio::from(log))
-            .spawn()
-            .expect("start a worker")
+        Worker(
+            cmd.stdout(Stdio::null())
+                .stderr(Stdio::from(log))
+                .spawn()
+                .expect("start a worker"),
+        )
     }
 
     fn log(&self, name: &str) -> String {
@@ -116,8 +119,32 @@ impl Workers<'_> {
     }
 }
 
+/// A worker process, killed when dropped (a failing test leaves none running).
+struct Worker(Child);
+
+impl Deref for Worker {
+    type Target = Child;
+
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl DerefMut for Worker {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Sends SIGINT (a clean stop after each task's batch) and waits for the exit.
-fn stop(mut child: Child) {
+fn stop(mut child: Worker) {
     let pid = child.id().to_string();
     let _ = std::process::Command::new("kill")
         .args(["-INT", &pid])
