@@ -265,17 +265,33 @@ fn run_task(worker: &Worker, partition: i32, stop: &AtomicBool) -> anyhow::Resul
             .map_or("none".to_owned(), |h| h.batch_id.to_string())
     );
     let interval = worker.opts.snapshot_interval;
+    let committed = |report: &BatchReport| -> anyhow::Result<()> {
+        (worker.report)(&name, report);
+        let batch = report.commit.batch_id;
+        if interval > 0 && (batch + 1).is_multiple_of(interval) {
+            upload(&task, generation, &dir, batch)
+                .with_context(|| format!("cannot upload task {name}'s snapshot"))?;
+        }
+        Ok(())
+    };
     while !stop.load(Ordering::SeqCst) {
         let tick = Instant::now();
-        if let Some(report) = query.run_tick(None)? {
-            (worker.report)(&name, &report);
-            let batch = report.commit.batch_id;
-            if interval > 0 && (batch + 1).is_multiple_of(interval) {
-                upload(&task, generation, &dir, batch)
-                    .with_context(|| format!("cannot upload task {name}'s snapshot"))?;
-            }
-            // A replayed or backlogged batch is followed by the next at once.
-            continue;
+        // Logged batches to replay and input backlog run back to back; when there is none,
+        // the tick may run one no-data batch (timers and TTL in the time modes) and waits
+        // for the next interval.
+        let mut ran = false;
+        while !stop.load(Ordering::SeqCst) {
+            let Some(report) = query.run_next(None)? else {
+                break;
+            };
+            committed(&report)?;
+            ran = true;
+        }
+        if !ran
+            && !stop.load(Ordering::SeqCst)
+            && let Some(report) = query.run_tick(None)?
+        {
+            committed(&report)?;
         }
         let mut left = worker.every.saturating_sub(tick.elapsed());
         while !left.is_zero() && !stop.load(Ordering::SeqCst) {
