@@ -542,6 +542,26 @@ fn workspace_root() -> PathBuf {
 }
 
 /// A temporary directory for a benchmark's data, removed when dropped (also on errors).
+/// Sends the rows `generate_count_input` wrote (one file) to `topic`, keyed by their key
+/// column, and waits until all are acknowledged; the seconds it took.
+fn produce_generated(
+    producer: &statebox_kafka::client::RowProducer,
+    input: &Path,
+    topic: &str,
+) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let text = std::fs::read_to_string(input.join("part-00000.jsonl"))?;
+    for line in text.lines() {
+        let key = line
+            .split('"')
+            .nth(3)
+            .context("generated rows have a string key")?;
+        producer.send(topic, key, line)?;
+    }
+    producer.flush()?;
+    Ok(started.elapsed().as_secs_f64())
+}
+
 fn scratch_dir() -> anyhow::Result<tempfile::TempDir> {
     tempfile::Builder::new()
         .prefix("statebox-bench-")
@@ -666,17 +686,7 @@ fn kafka(args: KafkaArgs) -> anyhow::Result<()> {
     let producer_opts: Vec<(String, String)> =
         opts.iter().chain(&args.producer_options).cloned().collect();
     let producer = RowProducer::new(&args.brokers, &producer_opts)?;
-    let started = Instant::now();
-    let text = std::fs::read_to_string(input.join("part-00000.jsonl"))?;
-    for line in text.lines() {
-        let key = line
-            .split('"')
-            .nth(3)
-            .context("generated rows have a string key")?;
-        producer.send(&in_topic, key, line)?;
-    }
-    producer.flush()?;
-    let produce_seconds = started.elapsed().as_secs_f64();
+    let produce_seconds = produce_generated(&producer, &input, &in_topic)?;
 
     let url = |topic: &str| KafkaUrl {
         brokers: args.brokers.clone(),

@@ -449,7 +449,6 @@ type Counted = Arc<Mutex<BTreeMap<(String, u64), u64>>>;
 
 /// Part 2: see the module docs.
 fn scaling(args: &FailoverArgs, brokers: &str, cores: usize) -> anyhow::Result<()> {
-    use statebox_kafka::client::RowProducer;
     anyhow::ensure!(
         args.events > 0 && args.keys > 0 && args.topic_partitions > 0,
         "--events, --keys and --topic-partitions must be positive"
@@ -472,22 +471,12 @@ fn scaling(args: &FailoverArgs, brokers: &str, cores: usize) -> anyhow::Result<(
     statebox_kafka::create_topic(brokers, opts, &in_topic, args.topic_partitions)?;
     let producer_opts: Vec<(String, String)> =
         opts.iter().chain(&args.producer_options).cloned().collect();
-    let producer = RowProducer::new(brokers, &producer_opts)?;
-    let started = Instant::now();
-    let text = std::fs::read_to_string(input.join("part-00000.jsonl"))?;
-    for line in text.lines() {
-        let key = line
-            .split('"')
-            .nth(3)
-            .context("generated rows have a string key")?;
-        producer.send(&in_topic, key, line)?;
-    }
-    producer.flush()?;
+    let producer = statebox_kafka::client::RowProducer::new(brokers, &producer_opts)?;
+    let seconds = super::produce_generated(&producer, &input, &in_topic)?;
     drop(producer);
     eprintln!(
-        "produced {} events to {in_topic} in {:.1} s",
-        args.events,
-        started.elapsed().as_secs_f64()
+        "produced {} events to {in_topic} in {seconds:.1} s",
+        args.events
     );
     let mut exe = std::env::current_exe().context("cannot find this statebox binary")?;
     if !exe.exists() {
