@@ -119,6 +119,17 @@ impl Workers<'_> {
     }
 }
 
+/// A broker with the input and output topics, an S3 server with the `state` bucket, and a
+/// scratch directory for the workers.
+fn world() -> (Broker, S3, Scratch) {
+    let broker = Broker::start();
+    broker.create_topic("clicks", PARTITIONS);
+    broker.create_topic("counts", PARTITIONS);
+    let s3 = S3::start();
+    s3.create_bucket("state");
+    (broker, s3, Scratch::new())
+}
+
 /// A worker process, killed when dropped (a failing test leaves none running).
 struct Worker(Child);
 
@@ -204,13 +215,8 @@ fn latest_task_checkpoints(roots: &[PathBuf]) -> BTreeMap<String, PathBuf> {
 /// exactly once, and the tasks' final state equals one process's run over the same input.
 #[test]
 fn three_workers_killed_added_and_removed_count_every_record_exactly_once() {
-    let broker = Broker::start();
-    broker.create_topic("clicks", PARTITIONS);
-    broker.create_topic("counts", PARTITIONS);
+    let (broker, s3, scratch) = world();
     broker.create_topic("single", PARTITIONS);
-    let s3 = S3::start();
-    s3.create_bucket("state");
-    let scratch = Scratch::new();
     let workers = Workers {
         broker: &broker,
         s3: &s3,
@@ -436,12 +442,7 @@ fn three_workers_killed_added_and_removed_count_every_record_exactly_once() {
 /// every record exactly once.
 #[test]
 fn a_stale_worker_woken_after_its_tasks_moved_writes_nothing() {
-    let broker = Broker::start();
-    broker.create_topic("clicks", PARTITIONS);
-    broker.create_topic("counts", PARTITIONS);
-    let s3 = S3::start();
-    s3.create_bucket("state");
-    let scratch = Scratch::new();
+    let (broker, s3, scratch) = world();
     let workers = Workers {
         broker: &broker,
         s3: &s3,
