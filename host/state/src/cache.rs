@@ -33,6 +33,9 @@ use std::hash::BuildHasher;
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use hashbrown::DefaultHashBuilder;
+use hashbrown::hash_table::HashTable;
+
 use crate::engine::{GetFn, GetManyFn, KvEngine, ScanFn, WriteBatch, WriteOp};
 use crate::{Result, keys};
 
@@ -63,25 +66,99 @@ fn range_may_hold_cached(start: &[u8], end: &[u8]) -> bool {
     start < end && start < &past[..] && end > &first[..]
 }
 
-/// A cached read: the committed bytes of a key, or `None` for a key a commit deleted while
-/// it was cached.
-struct Slot {
-    value: Option<Box<[u8]>>,
+/// Key and value bytes kept in the table's own slot up to this length together (value
+/// state, list metadata and small map entries): a hit then touches the slot and nothing else.
+const INLINE: usize = 47;
+
+/// `value_len` of a key a commit deleted while it was cached.
+const ABSENT: u32 = u32::MAX;
+
+/// A cached read: a key and its committed bytes, or no bytes for a key a commit deleted while
+/// it was cached. Key and value share one buffer, inline when short: a lookup used to follow
+/// one pointer to compare the key and another to read the value, each a likely cache miss
+/// once the cache outgrows the CPU's caches.
+struct Entry {
+    bytes: Bytes,
+    key_len: u32,
+    /// The value's length, or [`ABSENT`].
+    value_len: u32,
     /// Read since the last sweep: survives the next one.
     referenced: bool,
 }
 
-impl Slot {
+const _: () = assert!(size_of::<Entry>() == 64);
+
+/// `[key][value]`.
+enum Bytes {
+    Inline([u8; INLINE]),
+    Heap(Box<[u8]>),
+}
+
+impl Entry {
+    /// `None` if the key or value is too long for the layout's `u32` lengths (nothing a
+    /// wasm32 guest can write): such a key is simply not cached.
+    fn new(key: &[u8], value: Option<&[u8]>, referenced: bool) -> Option<Self> {
+        let key_len = u32::try_from(key.len()).ok()?;
+        let value_len = match value {
+            Some(v) => u32::try_from(v.len()).ok().filter(|&n| n != ABSENT)?,
+            None => ABSENT,
+        };
+        let value = value.unwrap_or_default();
+        let len = key.len() + value.len();
+        let bytes = if len <= INLINE {
+            let mut buf = [0; INLINE];
+            buf[..key.len()].copy_from_slice(key);
+            buf[key.len()..len].copy_from_slice(value);
+            Bytes::Inline(buf)
+        } else {
+            let mut buf = Vec::with_capacity(len);
+            buf.extend_from_slice(key);
+            buf.extend_from_slice(value);
+            Bytes::Heap(buf.into_boxed_slice())
+        };
+        Some(Self {
+            bytes,
+            key_len,
+            value_len,
+            referenced,
+        })
+    }
+
+    #[inline]
+    fn buf(&self) -> &[u8] {
+        match &self.bytes {
+            Bytes::Inline(b) => b,
+            Bytes::Heap(b) => b,
+        }
+    }
+
+    #[inline]
+    fn key(&self) -> &[u8] {
+        &self.buf()[..self.key_len as usize]
+    }
+
+    #[inline]
+    fn is(&self, key: &[u8]) -> bool {
+        self.key_len as usize == key.len() && self.key() == key
+    }
+
+    #[inline]
+    fn value(&self) -> Option<&[u8]> {
+        (self.value_len != ABSENT).then(|| {
+            let start = self.key_len as usize;
+            &self.buf()[start..start + self.value_len as usize]
+        })
+    }
+
     fn charge(key: &[u8], value: Option<&[u8]>) -> usize {
         key.len() + value.map_or(0, <[u8]>::len) + ENTRY_OVERHEAD
     }
 
-    /// What the slot charges its shard.
-    fn charged(&self, key: &[u8]) -> usize {
-        Self::charge(key, self.value.as_deref())
+    /// What the entry charges its shard.
+    fn charged(&self) -> usize {
+        Self::charge(self.key(), self.value())
     }
 }
-
 /// The length of `key`'s `[ns][var][keylen][key]` prefix, if it has one.
 fn grouping_prefix_len(key: &[u8]) -> Option<usize> {
     let len = key.get(5..9)?;
@@ -92,21 +169,39 @@ fn grouping_prefix_len(key: &[u8]) -> Option<usize> {
 
 #[derive(Default)]
 struct Shard {
-    map: hashbrown::HashMap<Box<[u8]>, Slot>,
+    table: HashTable<Entry>,
+    hasher: DefaultHashBuilder,
     bytes: usize,
     /// Bumped by every write that touches the shard (see [`CachedEngine::get_with`]).
     version: u64,
 }
 
 impl Shard {
+    #[inline]
+    fn hash(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    #[inline]
+    fn get_mut(&mut self, key: &[u8]) -> Option<&mut Entry> {
+        let hash = self.hash(key);
+        self.table.find_mut(hash, |e| e.is(key))
+    }
+
+    fn contains(&self, key: &[u8]) -> bool {
+        self.table.find(self.hash(key), |e| e.is(key)).is_some()
+    }
+
     /// Caches `key`, which the shard does not hold, as just read.
     fn insert(&mut self, key: &[u8], value: &[u8], budget: usize) {
-        self.bytes += Slot::charge(key, Some(value));
-        let slot = Slot {
-            value: Some(Box::from(value)),
-            referenced: true,
+        let Some(entry) = Entry::new(key, Some(value), true) else {
+            return;
         };
-        self.map.insert(Box::from(key), slot);
+        self.bytes += entry.charged();
+        let hash = self.hash(key);
+        let hasher = &self.hasher;
+        self.table
+            .insert_unique(hash, entry, |e| hasher.hash_one(e.key()));
         if self.bytes > budget {
             self.evict(budget * EVICT_TO_PERCENT / 100);
         }
@@ -116,23 +211,34 @@ impl Shard {
     /// (a delete leaves it cached as absent); a key that is not stays uncached until it is
     /// read.
     fn update(&mut self, key: &[u8], value: Option<&[u8]>, budget: usize) {
-        if let Some(slot) = self.map.get_mut(key) {
-            let old = slot.charged(key);
-            slot.value = value.map(Box::from);
-            self.bytes = self.bytes - old + Slot::charge(key, value);
-            if self.bytes > budget {
-                self.evict(budget * EVICT_TO_PERCENT / 100);
+        let hash = self.hash(key);
+        let Ok(mut found) = self.table.find_entry(hash, |e| e.is(key)) else {
+            return;
+        };
+        let entry = found.get_mut();
+        let old = entry.charged();
+        match Entry::new(key, value, entry.referenced) {
+            Some(new) => {
+                *entry = new;
+                self.bytes = self.bytes - old + Entry::charge(key, value);
             }
+            None => {
+                found.remove();
+                self.bytes -= old;
+            }
+        }
+        if self.bytes > budget {
+            self.evict(budget * EVICT_TO_PERCENT / 100);
         }
     }
 
     /// Removes the cached keys for which `doomed` holds.
     fn remove_where(&mut self, mut doomed: impl FnMut(&[u8]) -> bool) {
         let mut freed = 0;
-        self.map.retain(|k, slot| {
-            let remove = doomed(k);
+        self.table.retain(|e| {
+            let remove = doomed(e.key());
             if remove {
-                freed += slot.charged(k);
+                freed += e.charged();
             }
             !remove
         });
@@ -140,7 +246,7 @@ impl Shard {
     }
 
     fn clear(&mut self) {
-        self.map.clear();
+        self.table.clear();
         self.bytes = 0;
     }
 
@@ -150,14 +256,14 @@ impl Shard {
     fn evict(&mut self, target: usize) {
         for _ in 0..2 {
             let mut bytes = self.bytes;
-            self.map.retain(|k, slot| {
+            self.table.retain(|e| {
                 if bytes <= target {
                     return true;
                 }
-                if std::mem::take(&mut slot.referenced) {
+                if std::mem::take(&mut e.referenced) {
                     return true;
                 }
-                bytes -= slot.charged(k);
+                bytes -= e.charged();
                 false
             });
             self.bytes = bytes;
@@ -174,7 +280,7 @@ pub struct CachedEngine<E> {
     inner: E,
     shards: Box<[Mutex<Shard>]>,
     shard_budget: usize,
-    hasher: hashbrown::DefaultHashBuilder,
+    hasher: DefaultHashBuilder,
 }
 
 impl<E: KvEngine> CachedEngine<E> {
@@ -184,7 +290,7 @@ impl<E: KvEngine> CachedEngine<E> {
             inner,
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             shard_budget: (budget_bytes / SHARDS).max(1),
-            hasher: hashbrown::DefaultHashBuilder::default(),
+            hasher: DefaultHashBuilder::default(),
         }
     }
 
@@ -210,10 +316,10 @@ impl<E: KvEngine> CachedEngine<E> {
     /// known to have any), or a miss (and the shard's version).
     fn lookup(&self, key: &[u8], f: &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<Lookup> {
         let mut shard = self.shard(self.shard_of(key));
-        match shard.map.get_mut(key) {
-            Some(slot) => {
-                slot.referenced = true;
-                match &slot.value {
+        match shard.get_mut(key) {
+            Some(entry) => {
+                entry.referenced = true;
+                match entry.value() {
                     Some(value) => {
                         f(value)?;
                         Ok(Lookup::Hit(true))
@@ -234,7 +340,7 @@ impl<E: KvEngine> CachedEngine<E> {
             return;
         };
         let mut shard = self.shard(self.shard_of(key));
-        if shard.version == version && !shard.map.contains_key(key) {
+        if shard.version == version && !shard.contains(key) {
             shard.insert(key, value, self.shard_budget);
         }
     }
@@ -290,6 +396,13 @@ impl<E: KvEngine> CachedEngine<E> {
     }
 }
 
+/// Where [`CachedEngine::get_many`] keeps a key's answer until its turn.
+enum Answer {
+    Absent,
+    /// `(start, len)` in the answers' buffer.
+    At(usize, usize),
+}
+
 enum Lookup {
     /// Cached: whether the key has a value.
     Hit(bool),
@@ -313,34 +426,43 @@ impl<E: KvEngine> KvEngine for CachedEngine<E> {
             Lookup::Hit(found) => return Ok(found),
             Lookup::Miss(version) => version,
         };
-        let mut copy: Option<Box<[u8]>> = None;
-        let found = self.inner.get_with(key, &mut |v| {
-            copy = Some(Box::from(v));
+        // Filled from inside the backend's callback, before `f` sees the bytes: no copy of
+        // them is made besides the cache's own.
+        self.inner.get_with(key, &mut |v| {
+            self.fill(key, Some(v), version);
             f(v)
-        })?;
-        self.fill(key, copy.as_deref(), version);
-        Ok(found)
+        })
     }
 
     fn get_many(&self, keys: &[&[u8]], f: &mut GetManyFn<'_>) -> Result<()> {
-        // Hits are answered in place; misses are read from the backend together (in the
-        // order given, which keeps its batched lookups fast), then answered in order.
-        let mut answers: Vec<Option<Option<Box<[u8]>>>> = Vec::with_capacity(keys.len());
+        // Hits are answered from the cache; misses are read from the backend together (in
+        // the order given, which keeps its batched lookups fast); then every key is answered
+        // in order. Answers wait in one buffer, not an allocation per key.
+        let mut data: Vec<u8> = Vec::new();
+        let mut answers: Vec<Answer> = Vec::with_capacity(keys.len());
         let mut misses: Vec<(usize, u64)> = Vec::new();
+        let keep = |data: &mut Vec<u8>, v: Option<&[u8]>| match v {
+            Some(v) => {
+                let start = data.len();
+                data.extend_from_slice(v);
+                Answer::At(start, v.len())
+            }
+            None => Answer::Absent,
+        };
         for (i, key) in keys.iter().enumerate() {
             if !cached(key) {
-                answers.push(None);
+                answers.push(Answer::Absent);
                 misses.push((i, u64::MAX));
                 continue;
             }
-            let mut hit = None;
+            let mut hit = Answer::Absent;
             match self.lookup(key, &mut |v| {
-                hit = Some(Box::from(v));
+                hit = keep(&mut data, Some(v));
                 Ok(())
             })? {
-                Lookup::Hit(_) => answers.push(Some(hit)),
+                Lookup::Hit(_) => answers.push(hit),
                 Lookup::Miss(version) => {
-                    answers.push(None);
+                    answers.push(Answer::Absent);
                     misses.push((i, version));
                 }
             }
@@ -352,12 +474,15 @@ impl<E: KvEngine> KvEngine for CachedEngine<E> {
                 if version != u64::MAX {
                     self.fill(keys[i], v, version);
                 }
-                answers[i] = Some(v.map(Box::from));
+                answers[i] = keep(&mut data, v);
                 Ok(())
             })?;
         }
         for (i, answer) in answers.into_iter().enumerate() {
-            f(i, answer.flatten().as_deref())?;
+            match answer {
+                Answer::At(start, len) => f(i, Some(&data[start..start + len]))?,
+                Answer::Absent => f(i, None)?,
+            }
         }
         Ok(())
     }
