@@ -102,24 +102,56 @@ fn push_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(bytes);
 }
 
+/// A logged point write: its key, new value (`None`: deleted), and whether its key is known
+/// to have had no committed value.
+type Logged<'a> = (&'a [u8], Option<&'a [u8]>, bool);
+
 /// Appends the entries of the logged point writes among `ops`, reading each key's
-/// before-image from `engine` (the committed state the batch ran on) in one batched read.
-pub(crate) fn push_ops(out: &mut Vec<u8>, ops: &[WriteOp], engine: &dyn KvEngine) -> Result<()> {
-    let logged_ops: Vec<(&[u8], Option<&[u8]>)> = ops
+/// before-image from `engine` (the committed state the batch ran on) in one batched read;
+/// the operations at the indexes in `fresh` (ascending) are on keys known to have had no
+/// committed value, and are not read.
+pub(crate) fn push_ops(
+    out: &mut Vec<u8>,
+    ops: &[WriteOp],
+    fresh: &[usize],
+    engine: &dyn KvEngine,
+) -> Result<()> {
+    // In op order.
+    let mut fresh = fresh.iter().peekable();
+    let logged_ops: Vec<Logged<'_>> = ops
         .iter()
-        .filter_map(|op| match op {
-            WriteOp::Put(k, v) => Some((k.as_slice(), Some(v.as_slice()))),
-            WriteOp::Delete(k) => Some((k.as_slice(), None)),
-            WriteOp::DeleteRange(..) => None,
+        .enumerate()
+        .filter_map(|(i, op)| {
+            let known = fresh.next_if_eq(&&i).is_some();
+            match op {
+                WriteOp::Put(k, v) => Some((k.as_slice(), Some(v.as_slice()), known)),
+                WriteOp::Delete(k) => Some((k.as_slice(), None, known)),
+                WriteOp::DeleteRange(..) => None,
+            }
         })
-        .filter(|(k, _)| k.first().is_some_and(|&ns| logged(ns)))
+        .filter(|(k, _, _)| k.first().is_some_and(|&ns| logged(ns)))
         .collect();
-    let keys: Vec<&[u8]> = logged_ops.iter().map(|(k, _)| *k).collect();
-    engine.get_many(&keys, &mut |i, before| {
-        let (k, v) = logged_ops[i];
+    let read: Vec<usize> = (0..logged_ops.len())
+        .filter(|&i| !logged_ops[i].2)
+        .collect();
+    let keys: Vec<&[u8]> = read.iter().map(|&i| logged_ops[i].0).collect();
+    // Entries go out in op order: the known ones before each read one as it is answered
+    // (`get_many` answers in order), the rest after.
+    let mut next = 0;
+    engine.get_many(&keys, &mut |j, before| {
+        let at = read[j];
+        for &(k, v, _) in &logged_ops[next..at] {
+            push(out, k, v, None);
+        }
+        let (k, v, _) = logged_ops[at];
         push(out, k, v, before);
+        next = at + 1;
         Ok(())
-    })
+    })?;
+    for &(k, v, _) in &logged_ops[next..] {
+        push(out, k, v, None);
+    }
+    Ok(())
 }
 
 fn len32(len: usize) -> u32 {

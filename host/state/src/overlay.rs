@@ -348,6 +348,11 @@ pub(crate) struct Coll {
     pub(crate) next_seq: Option<u64>,
     /// Lists only: the list's metadata key must be written at commit.
     pub(crate) meta_dirty: bool,
+    /// Lists only: the committed next sequence, once read. Every committed element's
+    /// sequence is below it (a list's metadata is written with its elements and removed only
+    /// with all of them), so while the base is [`Base::Committed`] an element at or after it
+    /// had no value before the batch: the change log knows its before-image without a read.
+    pub(crate) committed_next: Option<u64>,
 }
 
 impl Coll {

@@ -285,7 +285,9 @@ impl PartitionTxn {
                 k[0] = keys::LIST_META;
                 let next = read_with(&*self.engine, k, decode_next_seq);
                 k[0] = keys::LIST;
-                next?.unwrap_or(0)
+                let next = next?.unwrap_or(0);
+                list.committed_next = Some(next);
+                next
             }
         };
         let next = u64::try_from(values.len())
@@ -640,9 +642,10 @@ impl PartitionTxn {
         if self.sealed.is_none() {
             let overlay = std::mem::take(&mut self.overlay);
             let point_writes = overlay.writes;
-            let ops = overlay.into_ops();
+            let (ops, fresh) = overlay.into_ops();
             let mut changes = Vec::new();
-            let changes = changelog::push_ops(&mut changes, &ops, &*self.engine).map(|()| changes);
+            let changes =
+                changelog::push_ops(&mut changes, &ops, &fresh, &*self.engine).map(|()| changes);
             let op_bytes: usize = ops
                 .iter()
                 .map(|op| match op {
@@ -867,9 +870,11 @@ impl Overlay {
     }
 
     /// The write-batch operations reproducing the overlay, ascending by key (range
-    /// tombstones just before the keys they cover, so a put inside one survives).
-    fn into_ops(self) -> Vec<WriteOp> {
+    /// tombstones just before the keys they cover, so a put inside one survives), and the
+    /// indexes (ascending) of the operations on keys known to have had no committed value.
+    fn into_ops(self) -> (Vec<WriteOp>, Vec<usize>) {
         let mut ops = Vec::with_capacity(self.writes + 16);
+        let mut fresh = Vec::new();
         // One sort serves every namespace: within each, keys order by `[var][keylen][key]`,
         // then suffix; and no such prefix is a prefix of another.
         let mut vars = self.vars.into_sorted();
@@ -880,7 +885,19 @@ impl Overlay {
         }
         for (hkey, bucket) in &mut vars {
             if let Some(list) = bucket.list.as_deref_mut() {
+                let new_from = list
+                    .committed_next
+                    .filter(|_| !list.is_cleared())
+                    .map(u64::to_be_bytes);
+                let start = ops.len();
                 coll_ops(&mut ops, keys::LIST, hkey, list);
+                if let Some(new_from) = new_from {
+                    // Sequences are fixed-width, so suffix order is sequence order.
+                    let first_new = start
+                        + ops[start..]
+                            .partition_point(|op| op_key(op)[1 + hkey.len()..] < new_from[..]);
+                    fresh.extend(first_new..ops.len());
+                }
             }
         }
         for (hkey, bucket) in &vars {
@@ -908,7 +925,7 @@ impl Overlay {
         for (key, put) in self.ordered {
             push_op(&mut ops, key, put.then(Vec::new));
         }
-        ops
+        (ops, fresh)
     }
 }
 
@@ -953,6 +970,13 @@ fn state_key(ns: u8, hkey: &[u8], suffix: &[u8]) -> Vec<u8> {
     k.extend_from_slice(hkey);
     k.extend_from_slice(suffix);
     k
+}
+
+/// The key an operation sorts by: a range delete's start.
+fn op_key(op: &WriteOp) -> &[u8] {
+    match op {
+        WriteOp::Put(k, _) | WriteOp::Delete(k) | WriteOp::DeleteRange(k, _) => k,
+    }
 }
 
 fn push_op(ops: &mut Vec<WriteOp>, key: Vec<u8>, slot: Slot) {

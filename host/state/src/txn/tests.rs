@@ -211,3 +211,68 @@ fn a_sealed_transaction_refuses_state_access() {
     assert_eq!(txn.pending_writes(), 1);
     let _ = txn.value_get(1, b"k");
 }
+
+/// A backend that counts the list element keys the change log reads before-images of.
+#[derive(Default)]
+struct CountingListReads {
+    inner: crate::mem::MemEngine,
+    list_reads: std::sync::atomic::AtomicUsize,
+}
+
+impl KvEngine for CountingListReads {
+    fn get_with(&self, key: &[u8], f: &mut crate::engine::GetFn<'_>) -> Result<bool> {
+        if key.first() == Some(&keys::LIST) {
+            self.list_reads
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        self.inner.get_with(key, f)
+    }
+    fn scan(&self, start: &[u8], end: &[u8], f: &mut ScanFn<'_>) -> Result<()> {
+        self.inner.scan(start, end, f)
+    }
+    fn write(&self, batch: &crate::WriteBatch) -> Result<()> {
+        self.inner.write(batch)
+    }
+}
+
+#[test]
+fn appended_list_elements_are_logged_as_new_without_reading_them() {
+    let engine = Arc::new(CountingListReads::default());
+    let cp = Checkpoint::with_engine(engine.clone());
+    let reads = || {
+        engine
+            .list_reads
+            .swap(0, std::sync::atomic::Ordering::Relaxed)
+    };
+    let mut txn = cp.txn(0);
+    txn.list_append(1, b"k", vec![v("a"), v("b")]).unwrap();
+    commit(&cp, txn);
+    reads();
+
+    // Appends after the committed elements: nothing there before, known without a read.
+    let mut txn = cp.txn(0);
+    txn.list_append(1, b"k", vec![v("c")]).unwrap();
+    let (_, log) = txn.into_parts();
+    let log = log.unwrap();
+    assert_eq!(reads(), 0, "no before-image read for an appended element");
+    let changes: Vec<_> = changelog::decode(&log).collect::<Result<_>>().unwrap();
+    assert_eq!(changes.len(), 1);
+    assert_eq!(changes[0].key, keys::list_element_key(1, b"k", 2));
+    assert_eq!(changes[0].before, Some(None));
+
+    // Cleared then appended in one batch: the new elements overwrite committed sequences,
+    // whose before-images must be read.
+    let mut txn = cp.txn(0);
+    txn.list_clear(1, b"k").unwrap();
+    txn.list_append(1, b"k", vec![v("x")]).unwrap();
+    let (_, log) = txn.into_parts();
+    let log = log.unwrap();
+    assert!(reads() > 0);
+    let changes: Vec<_> = changelog::decode(&log).collect::<Result<_>>().unwrap();
+    let first = changes
+        .iter()
+        .find(|c| c.key == keys::list_element_key(1, b"k", 0))
+        .unwrap();
+    assert_eq!(first.value.map(<[u8]>::to_vec), Some(v("x").encode()));
+    assert_eq!(first.before, Some(Some(&v("a").encode()[..])));
+}
