@@ -19,7 +19,7 @@ use statebox_tests::{component_cache, parse_jsonl, statebox_bin};
 const DELAY: Duration = Duration::from_millis(200);
 
 /// A loopback HTTP service answering every request after [`DELAY`] with
-/// `{"n": <the number in the path>}`, one thread per connection; it records how many
+/// `{"n": N, "score": N / 10}`, N the number ending the path (`/7`, `/score/7`), one thread per connection; it records how many
 /// requests were in flight at once. Stopped on drop.
 struct SlowService {
     port: u16,
@@ -96,8 +96,8 @@ fn serve(
     in_flight.fetch_sub(1, Ordering::SeqCst);
     let head = String::from_utf8_lossy(&request);
     let path = head.split_whitespace().nth(1).unwrap_or("/0");
-    let n: i64 = path.trim_start_matches('/').parse().unwrap_or(0);
-    let body = json!({ "n": n }).to_string();
+    let n: i64 = path.rsplit('/').next().unwrap_or("0").parse().unwrap_or(0);
+    let body = json!({ "n": n, "score": n as f64 / 10.0 }).to_string();
     let response = format!(
         "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
          Connection: close\r\n\r\n{body}",
@@ -203,4 +203,85 @@ fn without_allow_http_the_request_is_denied_with_how_to_grant_it() {
         service.spans.lock().expect("spans").is_empty(),
         "nothing reached the service"
     );
+}
+
+/// Databricks' `asyncio.gather` example exactly as published (`docs-async-http/job.py`: the
+/// processor pasted unchanged, with a minimal query around it): it asks
+/// `https://api.example.com/score/{event_id}` for every row. The operator grants that host
+/// and routes it to the slow loopback service (`--http-route`), so the file runs unchanged:
+/// each user's requests are in flight together, the highest score is kept in state and
+/// emitted.
+#[test]
+fn the_databricks_gather_example_runs_unchanged_against_a_routed_service() {
+    let service = SlowService::start();
+    let work = tempfile::tempdir().expect("create a temporary directory");
+    let job = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/pyspark/docs-async-http/job.py");
+    let input = work.path().join("input");
+    std::fs::create_dir_all(&input).expect("create input/");
+    let mut lines = String::new();
+    for event_id in 1..=8 {
+        lines.push_str(&format!(
+            "{}\n",
+            json!({"user_id": "u1", "event_id": event_id})
+        ));
+    }
+    for event_id in [13, 11, 12] {
+        lines.push_str(&format!(
+            "{}\n",
+            json!({"user_id": "u2", "event_id": event_id})
+        ));
+    }
+    std::fs::write(input.join("000001.json"), lines).expect("write input");
+    let route = format!("https://api.example.com=http://127.0.0.1:{}", service.port);
+    let run = |extra: &[&str]| {
+        Command::new(statebox_bin())
+            .arg("run")
+            .arg(&job)
+            .args(extra)
+            .current_dir(work.path())
+            .env("STATEBOX_CACHE_DIR", component_cache())
+            .env_remove("STATEBOX_LOG")
+            .stdin(Stdio::null())
+            .output()
+            .expect("spawn statebox")
+    };
+
+    // A route grants nothing: without --allow-http for its origin the run stops, naming it.
+    let refused = run(&["--http-route", &route]);
+    assert!(!refused.status.success(), "{}", text(&refused));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("add --allow-http api.example.com:443"),
+        "{}",
+        text(&refused)
+    );
+    assert!(service.spans.lock().expect("spans").is_empty());
+
+    let out = run(&["--allow-http", "api.example.com", "--http-route", &route]);
+    assert!(out.status.success(), "{}", text(&out));
+    let emitted = parse_jsonl(
+        &std::fs::read(work.path().join("output/part-00000-statebox.json")).expect("output"),
+    );
+    let mut emitted = emitted;
+    emitted.sort_by_key(|r| r["user_id"].as_str().unwrap_or_default().to_owned());
+    assert_eq!(
+        emitted,
+        vec![
+            json!({"user_id": "u1", "score": 0.8}),
+            json!({"user_id": "u2", "score": 1.3}),
+        ]
+    );
+    let spans = service.spans.lock().expect("spans").clone();
+    assert_eq!(spans.len(), 11, "every row's request reached the service");
+    let first = spans.iter().map(|s| s.0).min().expect("a request");
+    let last = spans.iter().map(|s| s.1).max().expect("a request");
+    let took = last - first;
+    let max = service.max_in_flight.load(Ordering::SeqCst);
+    println!(
+        "11 requests of {DELAY:?}: {took:?} from the first to the last, at most {max} in flight"
+    );
+    assert!(
+        took < DELAY * 11 / 2,
+        "11 requests of {DELAY:?} took {took:?}: not concurrent"
+    );
+    assert!(max >= 4, "at most {max} requests were in flight at once");
 }

@@ -34,7 +34,9 @@ struct JobArgs {
     #[arg(long = "env", value_name = "NAME=VALUE")]
     env: Vec<String>,
     /// Everything else is passed to `statebox run` (sandbox limits, `--allow-http`,
-    /// `--progress-json`, ...).
+    /// `--progress-json`, ...). A flag the script's query sets too (`--input`, `--output`,
+    /// `--checkpoint`, `--trigger`, ...) replaces the script's value: e.g. `--input DIR` runs
+    /// a notebook's job over a local copy of a dataset it names by an absolute path.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     rest: Vec<OsString>,
 }
@@ -124,9 +126,23 @@ pub(crate) fn run(args: &[OsString]) -> anyhow::Result<()> {
         .chain(given)
         .map(|(k, v)| format!("{k}={v}"))
         .collect();
-    let (argv, console) = plan(&script, &query, &env)?;
-    // The plan is a command line `statebox run` takes as it is.
-    crate::Cli::try_parse_from(&argv)
+    // `--print-plan` after other flags lands among them (the rest is taken as it is).
+    let mut job = job;
+    if let Some(at) = job.rest.iter().position(|a| a == "--print-plan") {
+        job.rest.remove(at);
+        job.print_plan = true;
+    }
+    let overridden = flags_in(&job.rest);
+    if overridden.iter().any(|f| f == "--processor") {
+        bail!(
+            "--processor: the job's processor is the class its script passes to transformWithState"
+        );
+    }
+    let (mut argv, console) = plan(&script, &query, &env, &overridden)?;
+    argv.extend(job.rest.iter().cloned());
+    // The plan (with the flags given after the script) is a command line `statebox run`
+    // takes as it is.
+    let cli = crate::Cli::try_parse_from(&argv)
         .map_err(|e| anyhow::anyhow!("the job's plan is not a valid statebox run command: {e}"))?;
     if job.print_plan {
         let shown: Vec<String> = argv
@@ -136,20 +152,21 @@ pub(crate) fn run(args: &[OsString]) -> anyhow::Result<()> {
         println!("{}", shown.join(" "));
         return Ok(());
     }
-    let mut full: Vec<OsString> = argv;
-    full.extend(job.rest);
-    let cli = crate::Cli::try_parse_from(&full).map_err(|e| anyhow::anyhow!("{e}"))?;
     let crate::Command::Run(run_args) = cli.command else {
         unreachable!("the plan is a `statebox run` command line");
     };
     crate::run(*run_args)?;
     if let Some(output) = console {
         // The console sink: print what the query emitted.
+        let output = flag_value(&job.rest, "--output").map_or(output, PathBuf::from);
         let text = std::fs::read_to_string(&output).unwrap_or_default();
         print!("{text}");
         // Without a checkpoint location the run's directory was a temporary one, of no use
         // once its rows are printed (Spark removes such a checkpoint at the end too).
         if option(&query.sink.options, "checkpointLocation").is_none()
+            && !overridden
+                .iter()
+                .any(|f| f == "--output" || f == "--checkpoint")
             && let Some(dir) = output.parent()
         {
             let _ = std::fs::remove_dir_all(dir);
@@ -222,15 +239,46 @@ fn option(options: &serde_json::Map<String, Value>, name: &str) -> Option<String
 
 /// The `statebox run` command line the query amounts to, and the output file to print for
 /// a console sink.
+/// The `--flag` names of a command line (`--flag value` and `--flag=value`).
+fn flags_in(args: &[OsString]) -> Vec<String> {
+    args.iter()
+        .filter_map(|a| a.to_str())
+        .filter(|a| a.starts_with("--"))
+        .map(|a| a.split_once('=').map_or(a, |(flag, _)| flag).to_owned())
+        .collect()
+}
+
+/// The value `flag` has on a command line (its last one), if it is there.
+fn flag_value(args: &[OsString], flag: &str) -> Option<OsString> {
+    let mut found = None;
+    let mut args = args.iter();
+    while let Some(a) = args.next() {
+        let Some(text) = a.to_str() else { continue };
+        if text == flag {
+            found = args.next().cloned();
+        } else if let Some(value) = text.strip_prefix(flag).and_then(|v| v.strip_prefix('=')) {
+            found = Some(value.into());
+        }
+    }
+    found
+}
+
+/// The `statebox run` command line the recorded query amounts to, and the console sink's
+/// output file. Flags in `overridden` are left out (the caller's command line gives them),
+/// and nothing is created for an output or checkpoint the caller gives.
 fn plan(
     script: &Path,
     q: &RecordedQuery,
     env: &[String],
+    overridden: &[String],
 ) -> anyhow::Result<(Vec<OsString>, Option<PathBuf>)> {
     let mut argv: Vec<OsString> = vec!["statebox".into(), "run".into()];
+    let given = |flag: &str| overridden.iter().any(|f| f == flag);
     let mut arg = |flag: &str, value: &str| {
-        argv.push(flag.into());
-        argv.push(value.into());
+        if !given(flag) {
+            argv.push(flag.into());
+            argv.push(value.into());
+        }
     };
 
     // The source first: a source Statebox cannot read stops the job before the build.
@@ -321,9 +369,10 @@ fn plan(
                 )
             })?;
             let path = PathBuf::from(path);
-            if path
-                .extension()
-                .is_some_and(|e| e == "jsonl" || e == "json")
+            if given("--output")
+                || path
+                    .extension()
+                    .is_some_and(|e| e == "jsonl" || e == "json")
             {
                 path
             } else {
@@ -336,6 +385,7 @@ fn plan(
         }
         "console" | "memory" => {
             let dir = match &checkpoint {
+                _ if given("--output") => PathBuf::from("."),
                 Some(c) => {
                     std::fs::create_dir_all(c)?;
                     PathBuf::from(c)

@@ -260,6 +260,11 @@ pub(crate) struct SandboxArgs {
     /// as far as the services called are.
     #[arg(long = "allow-http", value_name = "HOST", value_parser = parse_http_host)]
     allow_http: Vec<String>,
+    /// Sends the processor's allowed requests to ORIGIN to TARGET instead, path and query
+    /// unchanged, e.g. `https://api.example.com=http://127.0.0.1:8080` (a local test double,
+    /// an egress proxy); repeat for more. ORIGIN must be granted with --allow-http.
+    #[arg(long = "http-route", value_name = "ORIGIN=TARGET", value_parser = parse_http_route)]
+    http_route: Vec<String>,
     /// Call the processor key by key even if it takes many keys per call (exports
     /// `batch-processor`): slower, for comparing the two.
     #[arg(long)]
@@ -270,9 +275,32 @@ fn parse_http_host(s: &str) -> Result<String, String> {
     statebox_runtime::HttpHost::parse(s).map(|h| h.to_string())
 }
 
+fn parse_http_route(s: &str) -> Result<String, String> {
+    statebox_runtime::HttpRoute::parse(s).map(|r| r.to_string())
+}
+
 impl SandboxArgs {
     pub(crate) fn runtime(&self) -> anyhow::Result<Runtime> {
+        self.check_http_routes()?;
         Ok(Runtime::new(self.runtime_config())?)
+    }
+
+    /// A route grants nothing: its origin must be on the allow-list.
+    fn check_http_routes(&self) -> anyhow::Result<()> {
+        for route in &self.http_route {
+            let route = statebox_runtime::HttpRoute::parse(route).map_err(anyhow::Error::msg)?;
+            let origin = route.origin_host();
+            let granted = self
+                .allow_http
+                .iter()
+                .any(|h| statebox_runtime::HttpHost::parse(h).is_ok_and(|h| h.covers(&origin)));
+            if !granted {
+                anyhow::bail!(
+                    "--http-route {route}: its origin {origin} is not granted; add --allow-http {origin}"
+                );
+            }
+        }
+        Ok(())
     }
 
     pub(crate) fn runtime_config(&self) -> RuntimeConfig {
@@ -281,6 +309,7 @@ impl SandboxArgs {
             memory_bytes: self.memory_limit_mb << 20,
             output_bytes_per_call: self.output_limit_mb << 20,
             http_hosts: self.allow_http.clone(),
+            http_routes: self.http_route.clone(),
             ..Limits::default()
         };
         RuntimeConfig {

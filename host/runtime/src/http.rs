@@ -14,10 +14,17 @@
 //! deadline itself. A service that hangs therefore holds the partition's thread at most
 //! until the call's deadline, after which the call traps as any call past its deadline does.
 //!
+//! An operator can also route a granted origin elsewhere ([`Limits::http_routes`]): the
+//! processor still asks for `https://api.example.com/...`, the grant is checked against that
+//! name, and the request goes to the route's target instead (a test double on loopback, an
+//! egress proxy). A route's target is the operator's own choice, so it is not held to the
+//! internal-address rule below.
+//!
 //! Replays are deterministic only as far as the services a processor calls are: a re-run
 //! batch sends its requests again and may get different answers.
 //!
 //! [`Limits::http_hosts`]: crate::Limits::http_hosts
+//! [`Limits::http_routes`]: crate::Limits::http_routes
 
 use std::fmt;
 use std::future::Future;
@@ -70,6 +77,15 @@ impl HttpHost {
     fn allows(&self, host: &str, port: u16) -> bool {
         self.host.eq_ignore_ascii_case(host) && self.port.is_none_or(|p| p == port)
     }
+
+    /// Whether this entry allows every request `other` names (its host, and its port or
+    /// every port).
+    pub fn covers(&self, other: &HttpHost) -> bool {
+        match other.port {
+            Some(port) => self.allows(&other.host, port),
+            None => self.port.is_none() && self.host.eq_ignore_ascii_case(&other.host),
+        }
+    }
 }
 
 impl fmt::Display for HttpHost {
@@ -81,10 +97,101 @@ impl fmt::Display for HttpHost {
     }
 }
 
+/// An operator's route: requests to an origin (`scheme://host[:port]`) go to another one
+/// instead, path and query unchanged. Written `ORIGIN=TARGET`, e.g.
+/// `https://api.example.com=http://127.0.0.1:8080`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HttpRoute {
+    from: Origin,
+    to: Origin,
+}
+
+/// A scheme, a host and a port (the scheme's default port when none is written).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Origin {
+    scheme: Scheme,
+    host: String,
+    port: u16,
+    /// The authority as written (for the rewritten request's URI).
+    authority: Authority,
+}
+
+impl Origin {
+    fn parse(text: &str, what: &str) -> Result<Origin, String> {
+        let invalid = |why: &str| format!("invalid HTTP route {what} `{text}`: {why}");
+        let uri: http::Uri = text
+            .parse()
+            .map_err(|_| invalid("expected http://HOST[:PORT] or https://HOST[:PORT]"))?;
+        let scheme = match uri.scheme() {
+            Some(s) if *s == Scheme::HTTP || *s == Scheme::HTTPS => s.clone(),
+            _ => return Err(invalid("the scheme must be http:// or https://")),
+        };
+        let authority = uri.authority().cloned().ok_or_else(|| invalid("no host"))?;
+        if authority.as_str().contains('@') {
+            return Err(invalid("user information is not allowed"));
+        }
+        if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+            return Err(invalid("an origin has no path or query"));
+        }
+        let port = authority.port_u16().unwrap_or(default_port(Some(&scheme)));
+        Ok(Origin {
+            host: authority.host().to_ascii_lowercase(),
+            scheme,
+            port,
+            authority,
+        })
+    }
+
+    fn matches(&self, scheme: &Scheme, host: &str, port: u16) -> bool {
+        self.scheme == *scheme && self.host.eq_ignore_ascii_case(host) && self.port == port
+    }
+}
+
+impl HttpRoute {
+    /// Parses `ORIGIN=TARGET`, each `http://HOST[:PORT]` or `https://HOST[:PORT]`.
+    pub fn parse(text: &str) -> Result<HttpRoute, String> {
+        let (from, to) = text.split_once('=').ok_or_else(|| {
+            format!("invalid HTTP route `{text}`: expected ORIGIN=TARGET, e.g. https://api.example.com=http://127.0.0.1:8080")
+        })?;
+        Ok(HttpRoute {
+            from: Origin::parse(from.trim(), "origin")?,
+            to: Origin::parse(to.trim(), "target")?,
+        })
+    }
+
+    /// The host name (or address) and port requests are routed from, as an allow-list
+    /// entry would name them.
+    pub fn origin_host(&self) -> HttpHost {
+        HttpHost {
+            host: self.from.host.clone(),
+            port: Some(self.from.port),
+        }
+    }
+}
+
+impl fmt::Display for HttpRoute {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}://{}={}://{}",
+            self.from.scheme, self.from.authority, self.to.scheme, self.to.authority
+        )
+    }
+}
+
+fn default_port(scheme: Option<&Scheme>) -> u16 {
+    if scheme == Some(&Scheme::HTTPS) {
+        443
+    } else {
+        80
+    }
+}
+
 /// The `wasi:http` hooks of one instance: the allow-list, and the deadline of the call in
 /// progress that bounds every request it sends.
 pub(crate) struct HttpHooks {
     allow: Arc<[HttpHost]>,
+    routes: Arc<[HttpRoute]>,
     deadline: CallDeadline,
     /// Requests sent since the current call (or key of a batched call) started.
     sent: usize,
@@ -97,7 +204,9 @@ pub(crate) const MAX_REQUESTS_PER_CALL: usize = 64;
 impl HttpHooks {
     /// Hooks allowing `hosts` (entries that do not parse allow nothing; the runtime's
     /// callers validate them with [`HttpHost::parse`] first).
-    pub(crate) fn new(hosts: &[String], deadline: CallDeadline) -> HttpHooks {
+    /// Routes are applied after the allow-list check (callers validate them with
+    /// [`HttpRoute::parse`] first; entries that do not parse route nothing).
+    pub(crate) fn new(hosts: &[String], routes: &[String], deadline: CallDeadline) -> HttpHooks {
         let allow = hosts
             .iter()
             .filter_map(|h| match HttpHost::parse(h) {
@@ -108,8 +217,19 @@ impl HttpHooks {
                 }
             })
             .collect();
+        let routes = routes
+            .iter()
+            .filter_map(|r| match HttpRoute::parse(r) {
+                Ok(route) => Some(route),
+                Err(e) => {
+                    tracing::warn!(error = %e, "ignoring an invalid HTTP route");
+                    None
+                }
+            })
+            .collect();
         HttpHooks {
             allow,
+            routes,
             deadline,
             sent: 0,
         }
@@ -124,12 +244,7 @@ impl HttpHooks {
         let Some(authority) = authority else {
             return false;
         };
-        let default_port = if scheme == Some(&Scheme::HTTPS) {
-            443
-        } else {
-            80
-        };
-        let port = authority.port_u16().unwrap_or(default_port);
+        let port = authority.port_u16().unwrap_or(default_port(scheme));
         self.allow.iter().any(|h| h.allows(authority.host(), port))
     }
 }
@@ -154,7 +269,8 @@ impl WasiHttpHooks for HttpHooks {
         fut: Box<dyn Future<Output = Result<(), Error>> + Send>,
     ) -> ResponseFuture {
         drop(fut);
-        let uri = request.uri();
+        let mut request = request;
+        let uri = request.uri().clone();
         if !self.allows(uri.scheme(), uri.authority()) {
             tracing::debug!(%uri, "outbound HTTP request denied: host not on the allow-list");
             return Box::new(async { Err(Error::HttpRequestDenied) });
@@ -164,20 +280,36 @@ impl WasiHttpHooks for HttpHooks {
             return Box::new(async { Err(Error::ConnectionLimitReached) });
         }
         self.sent += 1;
-        let default_port = if uri.scheme() == Some(&Scheme::HTTPS) {
-            443
-        } else {
-            80
-        };
         let authority = uri.authority().expect("checked by allows");
-        let port = authority.port_u16().unwrap_or(default_port);
-        let host = authority
-            .host()
+        let port = authority.port_u16().unwrap_or(default_port(uri.scheme()));
+        let routed = uri.scheme().and_then(|scheme| {
+            self.routes
+                .iter()
+                .find(|r| r.from.matches(scheme, authority.host(), port))
+        });
+        let (host, port) = match routed {
+            Some(route) => {
+                let mut parts = uri.clone().into_parts();
+                parts.scheme = Some(route.to.scheme.clone());
+                parts.authority = Some(route.to.authority.clone());
+                match http::Uri::from_parts(parts) {
+                    Ok(to) => {
+                        tracing::debug!(from = %uri, %to, "outbound HTTP request routed");
+                        *request.uri_mut() = to;
+                    }
+                    Err(_) => return Box::new(async { Err(Error::HttpRequestUriInvalid) }),
+                }
+                (route.to.host.clone(), route.to.port)
+            }
+            None => (authority.host().to_owned(), port),
+        };
+        let host = host
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_owned();
         // The address half of the check runs in the request's future.
         let allow = self.allow.clone();
+        let routed_request = routed.is_some();
         let deadline = self.deadline.at();
         let remaining = deadline.saturating_duration_since(Instant::now());
         let bound = |asked: Option<Duration>| Some(asked.map_or(remaining, |d| d.min(remaining)));
@@ -207,9 +339,10 @@ impl WasiHttpHooks for HttpHooks {
                     Err(_) => return Err(Error::DnsTimeout),
                 },
             };
+            // A route's target is the operator's choice; anything else the grant covers.
             if let Some(ip) = addresses
                 .iter()
-                .find(|ip| !allows_address(&allow, **ip, port))
+                .find(|ip| !routed_request && !allows_address(&allow, **ip, port))
             {
                 tracing::debug!(%host, %ip, "outbound HTTP request denied: the host resolves to an internal address");
                 return Err(Error::DestinationIpProhibited);
@@ -339,7 +472,7 @@ mod tests {
 
     fn hooks(hosts: &[&str]) -> HttpHooks {
         let hosts: Vec<String> = hosts.iter().map(|h| (*h).to_owned()).collect();
-        HttpHooks::new(&hosts, CallDeadline::default())
+        HttpHooks::new(&hosts, &[], CallDeadline::default())
     }
 
     fn allows(hooks: &HttpHooks, url: &str) -> bool {
@@ -408,6 +541,32 @@ mod tests {
         ] {
             assert!(is_internal(ip(internal)), "{internal}");
             assert!(!allows_address(&h.allow, ip(internal), 80), "{internal}");
+        }
+    }
+
+    #[test]
+    fn parses_routes_and_refuses_anything_else() {
+        let r = HttpRoute::parse("https://API.example.com=http://127.0.0.1:8080").unwrap();
+        assert_eq!(
+            r.to_string(),
+            "https://API.example.com=http://127.0.0.1:8080"
+        );
+        assert_eq!(r.origin_host().to_string(), "api.example.com:443");
+        assert!(r.from.matches(&Scheme::HTTPS, "api.example.com", 443));
+        assert!(!r.from.matches(&Scheme::HTTP, "api.example.com", 443));
+        assert!(!r.from.matches(&Scheme::HTTPS, "api.example.com", 8443));
+        assert_eq!((r.to.host.as_str(), r.to.port), ("127.0.0.1", 8080));
+        for bad in [
+            "",
+            "https://a",
+            "https://a=",
+            "a=http://b",
+            "ftp://a=http://b",
+            "https://a/x=http://b",
+            "https://a=http://b/x",
+            "https://u@a=http://b",
+        ] {
+            assert!(HttpRoute::parse(bad).is_err(), "{bad:?} was accepted");
         }
     }
 }

@@ -40,7 +40,7 @@ pub use statebox_contract::{
 };
 
 pub use crate::error::{LoadError, RuntimeError};
-pub use crate::http::HttpHost;
+pub use crate::http::{HttpHost, HttpRoute};
 pub use crate::instance::Instance;
 pub use crate::load::Processor;
 pub use crate::runtime::{Runtime, RuntimeConfig};

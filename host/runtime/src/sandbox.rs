@@ -28,6 +28,10 @@ pub struct Limits {
     /// An allowed request is bounded by the call's deadline ([`call_timeout`](Self::call_timeout)).
     /// Replays are deterministic only as far as the services called are.
     pub http_hosts: Vec<String>,
+    /// Operator routes, each `ORIGIN=TARGET` (see [`HttpRoute::parse`](crate::HttpRoute::parse)):
+    /// an allowed request to ORIGIN goes to TARGET instead. They grant nothing: the request
+    /// must be allowed by [`http_hosts`](Self::http_hosts) first.
+    pub http_routes: Vec<String>,
     /// A CPU budget shared with other instances (a multi-tenant host's per-batch budget of
     /// a pipeline): a call that takes it past its limit traps inside the call, however many
     /// keys a batched call has left. `None`, the default: no budget beyond the per-call one.
@@ -45,6 +49,7 @@ impl Default for Limits {
             memory_bytes: 256 << 20,
             output_bytes_per_call: 16 << 20,
             http_hosts: Vec::new(),
+            http_routes: Vec::new(),
             batch_cpu: None,
             state_bytes_per_batch: 1 << 30,
         }

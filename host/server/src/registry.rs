@@ -104,6 +104,7 @@ impl Quotas {
                 .unwrap_or(usize::MAX),
             // Granted per pipeline, not per tenant (`PUT /v1/pipelines/{id}/capabilities`).
             http_hosts: Vec::new(),
+            http_routes: Vec::new(),
             // A budget per load: a pipeline's partitions share their processor's, which the
             // runtime checks inside every call and the meter charges after it.
             batch_cpu: Some(std::sync::Arc::new(statebox_runtime::CpuBudget::new(

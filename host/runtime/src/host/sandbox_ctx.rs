@@ -69,7 +69,7 @@ impl SandboxCtx {
             table,
             wasi,
             http: WasiHttpCtx::new(),
-            http_hooks: HttpHooks::new(&limits.http_hosts, deadline.clone()),
+            http_hooks: HttpHooks::new(&limits.http_hosts, &limits.http_routes, deadline.clone()),
             stderr,
             deadline,
             cpu_started: 0,
