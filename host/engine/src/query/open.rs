@@ -239,8 +239,10 @@ impl Query {
         })?;
         let mut columns = config.key_columns.clone();
         columns.extend(config.event_time_column.clone());
-        let scanner =
-            statebox_schema::RowScanner::new(factory.info().input_schema.clone(), columns);
+        let scanner = Arc::new(statebox_schema::RowScanner::new(
+            factory.info().input_schema.clone(),
+            columns,
+        ));
         let instances = (0..config.partitions).map(|_| None).collect();
         Ok(Query {
             opts,
@@ -259,6 +261,7 @@ impl Query {
             sink,
             scanner,
             state_write_limit: None,
+            prefetch: None,
         })
     }
 }
