@@ -96,6 +96,68 @@ class CodecTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "cannot be None"):
             codec.dumps(None)
 
+    def test_the_fast_paths_write_and_read_what_the_general_path_does(self):
+        # `dumps` and `loads` of a struct of strings, integers and booleans concatenate the
+        # text and build the Row in one frame; every value must come out as the general
+        # path (a dict through the JSON encoder, then the struct decoder) makes it.
+        import json
+
+        cases = {
+            "count long": [(5,), (-7,), (2**70,), (True,), (None,), ("x",), (1.5,), Row(count=3)],
+            "name string": [("calls",), ('q"uo\\te',), ("é\u2028",), (None,), (3,)],
+            "a long, b string, c boolean": [
+                (1, "x", True),
+                (None, None, None),
+                (0, "", False),
+                (2.5, "y", True),
+                Row(a=1, b="z", c=False),
+                Row(c=True, b="w", a=2),
+                {"a": 1, "b": "d", "c": True},
+            ],
+        }
+        for ddl, values in cases.items():
+            codec = _Codec(ddl, "a value")
+            dt = parse_ddl(ddl)
+            enc, dec = _codec.encoder(dt), _codec.decoder(dt)
+            for value in values:
+                with self.subTest(ddl=ddl, value=value):
+                    expected = json.dumps(enc(value), separators=(",", ":"), ensure_ascii=False)
+                    text = codec.dumps(value)
+                    self.assertEqual(text, expected)
+                    back = codec.loads(text)
+                    self.assertEqual(back, dec(json.loads(text)))
+                    self.assertEqual(back.__fields__, list(dt.names))
+        with self.assertRaisesRegex(ValueError, "needs 3 item"):
+            _Codec("a long, b string, c boolean", "a value").dumps((1, "x"))
+        with self.assertRaisesRegex(TypeError, "must be a tuple, Row or dict"):
+            _Codec("a long, b string", "a value").dumps(5)
+        self.assertEqual(_Codec("count long", "a value").dumps(5), '{"count":5}')
+
+    def test_output_rows_fast_and_general_paths_agree(self):
+        import json
+
+        encode = _codec.row_encoder(parse_ddl("key string, count long, ok boolean"))
+        for row in (
+            Row(key="a", count=1, ok=True),
+            ("b", None, False),
+            Row(count=2, key="c", ok=None),
+            Row(key='q"', count=2**65, ok=False),
+            {"key": "d", "count": 4},
+        ):
+            with self.subTest(row=row):
+                names = ["key", "count", "ok"]
+                if isinstance(row, dict):
+                    obj = {n: row.get(n) for n in names}
+                elif hasattr(row, "__fields__"):
+                    obj = {n: row[n] for n in names}
+                else:
+                    obj = dict(zip(names, row))
+                self.assertEqual(encode(row), json.dumps(obj, separators=(",", ":")))
+        with self.assertRaisesRegex(TypeError, "emit key\\[0\\]"):
+            encode(Row(key=("a",), count=1, ok=True))
+        with self.assertRaisesRegex(ValueError, "output schema has 3 field"):
+            encode(("a", 1))
+
     def test_single_types_are_bare_values(self):
         codec = _Codec("long", "a value")
         self.assertEqual(codec.dumps(5), "5")
@@ -501,6 +563,35 @@ class Echo(StatefulProcessor):
             [[{"key": "x", "count": 5, "batch": -1}], [{"key": "y", "count": 7, "batch": -1}]],
         )
         self.assertEqual(self.host.switches, [0, 1])
+
+    def test_keys_reach_the_handler_as_tuples_of_their_columns(self):
+        source = """
+from pyspark.sql import Row
+from pyspark.sql.streaming import StatefulProcessor
+OUTPUT_SCHEMA = "key string"
+class Echo(StatefulProcessor):
+    def init(self, handle):
+        pass
+    def handleInputRows(self, key, rows, timerValues):
+        yield Row(key=repr(key))
+"""
+        _, _, batch = self.export(source)
+        keys = ['["plain"]', '["q\\"uote"]', '["back\\\\slash"]', "[1]", '["x",2]', "[null]", '[""]']
+        self.host.begin_batch(keys)
+        entries = [fake_host.KeyRows(k, ["[[1]]"]) for k in keys]
+        out = batch.handle_input_batch(entries, ["n"], fake_host.TimerValues(-1, -1))
+        self.assertEqual(
+            [_codec.loads(rows[0])["key"] for rows in out],
+            [
+                "('plain',)",
+                "('q\"uote',)",
+                "('back\\\\slash',)",
+                "(1,)",
+                "('x', 2)",
+                "(None,)",
+                "('',)",
+            ],
+        )
 
     def test_a_sync_failure_names_its_entry(self):
         path, _, batch = self.export(_COUNTER)

@@ -8,6 +8,7 @@ the Python value (numbers, strings, booleans) cost nothing.
 
 import base64
 import datetime
+import functools
 import json
 import struct as _struct
 
@@ -158,6 +159,16 @@ def _map_key_to_json(key_type):
         return k if isinstance(k, str) else str(k)
 
     return key
+
+
+def plain_struct_fields(dt):
+    """For a struct whose fields all read as their JSON values: ``(names, make)``, the field
+    names and the C-level constructor of its Rows (what :func:`decoder` builds such a Row
+    with), else None."""
+    if not isinstance(dt, StructType) or any(decoder(f.dataType) for f in dt.fields):
+        return None
+    fields = tuple(dt.names)
+    return fields, row_maker(fields)
 
 
 def decoder(dt):
@@ -385,6 +396,16 @@ class InputRows:
             self.plain = not any(self.convs)
             self._make = row_maker(self.names)
 
+    def lists_reader(self, columns):
+        """``from_lists`` for ``columns``, made once for the many keys of a call: a function
+        from a list of value arrays to an iterator of Rows (C-level ``map`` when the values
+        need no conversion)."""
+        names = self.names
+        if self.plain and (names is None or tuple(columns) == names):
+            make = self._make if names is not None else row_maker(tuple(columns))
+            return functools.partial(map, make)
+        return functools.partial(self.from_lists, columns)
+
     def from_lists(self, columns, lists):
         """Rows from value arrays whose items are the values of ``columns``, in order."""
         names = self.names
@@ -512,7 +533,10 @@ def row_encoder(output_schema):
     the schema's order."""
     names = list(output_schema.names) if isinstance(output_schema, StructType) else None
     prims = (str, int, float, bool, type(None))
-    text = struct_text(output_schema)
+    texts = _struct_texts(output_schema)
+    # Takes a Row as it is (no copy into a plain tuple): its fields are checked first.
+    text = texts[1] if texts is not None else None
+    width = len(names) if names is not None else -1
     fixers = _output_fixers(output_schema) if names is not None else {}
 
     def fill(pairs):
@@ -528,9 +552,9 @@ def row_encoder(output_schema):
     def encode(row):
         if isinstance(row, tuple):
             fields = getattr(row, "__fields__", None)
-            if text is not None and (fields is None or fields == names):
+            if text is not None and len(row) == width and (fields is None or fields == names):
                 # Fields in the schema's order, plain values: concatenate the text.
-                fast = text(tuple(row))
+                fast = text(row)
                 if fast is not None:
                     return fast
             if fields is None:
@@ -557,11 +581,23 @@ def row_encoder(output_schema):
     return encode
 
 
-def struct_text(dt):
+def struct_text(dt, fallback=None):
     """For a struct whose fields are all strings, integers or booleans: a function from a
     plain tuple to its JSON object text, built by string concatenation (about three times
-    faster than through a dict and the JSON encoder); it returns None for any other value,
-    which then takes the general path. None if the schema is not such a struct."""
+    faster than through a dict and the JSON encoder). For any other value it returns
+    ``fallback(value)`` (None without a fallback), which then takes the general path. None if
+    the schema is not such a struct.
+
+    The function is on every state write's path, so it runs one Python frame: the common
+    types are handled inline, and the fallback is called only for what it cannot write."""
+    texts = _struct_texts(dt, fallback)
+    return None if texts is None else texts[0]
+
+
+def _struct_texts(dt, fallback=None):
+    """``(checked, unchecked)``: ``checked`` is :func:`struct_text`'s function; ``unchecked``
+    takes any tuple of the struct's width (a ``Row`` whose fields the caller has matched to
+    the schema's), so the caller need not copy it into a plain tuple first."""
     from .types import BooleanType, ByteType, IntegerType, LongType, ShortType, StringType
 
     plain = (BooleanType, ByteType, IntegerType, LongType, ShortType, StringType)
@@ -571,48 +607,64 @@ def struct_text(dt):
         return None
     from json.encoder import encode_basestring
 
-    quote = encode_basestring
-    prefixes = [("{" if i == 0 else ",") + quote(n) + ":" for i, n in enumerate(dt.names)]
-    width = len(prefixes)
+    if fallback is None:
 
-    def piece(v):
-        t = type(v)
-        if t is int:
-            return int.__repr__(v)
-        if t is str:
-            return quote(v)
-        if v is None:
-            return "null"
-        if t is bool:
-            return "true" if v else "false"
-        return None
+        def fallback(value):
+            return None
+
+    quote = encode_basestring
+    prefixes = tuple(("{" if i == 0 else ",") + quote(n) + ":" for i, n in enumerate(dt.names))
+    width = len(prefixes)
 
     if width == 1:
         (p0,) = prefixes
 
-        def one(value):
-            if type(value) is tuple and len(value) == 1:
+        def one_unchecked(value, _int=int, _str=str, _repr=int.__repr__):
+            v = value[0]
+            t = type(v)
+            if t is _int:
+                return p0 + _repr(v) + "}"
+            if t is _str:
+                return p0 + quote(v) + "}"
+            if v is None:
+                return p0 + "null}"
+            if t is bool:
+                return p0 + ("true}" if v else "false}")
+            return fallback(value)
+
+        def one(value, _tuple=tuple, _int=int, _str=str, _repr=int.__repr__):
+            if type(value) is _tuple and len(value) == 1:
                 v = value[0]
                 t = type(v)
-                if t is int:
-                    return p0 + int.__repr__(v) + "}"
-                if t is str:
+                if t is _int:
+                    return p0 + _repr(v) + "}"
+                if t is _str:
                     return p0 + quote(v) + "}"
-            return None
+            return fallback(value)
 
-        return one
+        return one, one_unchecked
 
-    def many(value):
-        if type(value) is not tuple or len(value) != width:
-            return None
+    def many_unchecked(value, _int=int, _str=str, _repr=int.__repr__):
         parts = []
+        append = parts.append
         for p, v in zip(prefixes, value):
-            text = piece(v)
-            if text is None:
-                return None
-            parts.append(p)
-            parts.append(text)
-        parts.append("}")
+            t = type(v)
+            if t is _int:
+                append(p + _repr(v))
+            elif t is _str:
+                append(p + quote(v))
+            elif v is None:
+                append(p + "null")
+            elif t is bool:
+                append(p + ("true" if v else "false"))
+            else:
+                return fallback(value)
+        append("}")
         return "".join(parts)
 
-    return many
+    def many(value, _tuple=tuple):
+        if type(value) is not _tuple or len(value) != width:
+            return fallback(value)
+        return many_unchecked(value)
+
+    return many, many_unchecked

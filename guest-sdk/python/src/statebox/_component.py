@@ -236,13 +236,15 @@ class _Rows:
     decoded as it is reached, in the shape PySpark hands them over (see
     ``_codec.InputRows``: the input schema's columns in order, absent ones ``None``)."""
 
-    __slots__ = ("_texts", "_columns", "_shape")
+    __slots__ = ("_texts", "_columns", "_shape", "_from_lists")
 
-    def __init__(self, texts, columns=None, shape=None):
+    def __init__(self, texts, columns=None, shape=None, from_lists=None):
         self._texts = texts
         # Set when the host sent the rows by position: the columns of each value array.
         self._columns = columns
         self._shape = shape if shape is not None else _NO_SCHEMA
+        # By position: ``shape.lists_reader(columns)``, made once for all keys of a call.
+        self._from_lists = from_lists
 
     def __len__(self):
         if self._columns is not None:
@@ -253,7 +255,10 @@ class _Rows:
         texts = self._texts
         if self._columns is not None:
             # By position, the host sends one text: an array of the rows' value arrays.
-            return self._shape.from_lists(self._columns, _scan_plain(texts[0], 0)[0])
+            from_lists = self._from_lists
+            if from_lists is None:
+                from_lists = self._shape.lists_reader(self._columns)
+            return from_lists(_scan_plain(texts[0], 0)[0])
         # One pass of the C decoder over all rows as one JSON array.
         try:
             dicts = _scan_plain("[" + ",".join(texts) + "]", 0)[0]
@@ -650,10 +655,11 @@ def export(
                 proc = batch_processor()
                 tv = timer_values(timer_values_)
                 handler = proc.handleInputRows
+                from_lists = None if columns is None else shape.lists_reader(columns)
 
                 async def go(group):
                     out = await collect(
-                        handler(_key(group.key), _Rows(group.rows, columns, shape), tv)
+                        handler(_key(group.key), _Rows(group.rows, columns, shape, from_lists), tv)
                     )
                     return list(map(encode_row, out))
 
@@ -733,13 +739,32 @@ def export(
             return True
 
         def handle_input_batch(self, groups, columns, timer_values_):
+            # `each_entry` with the handler's call written out: this loop runs once per key
+            # of the input, so it saves the frames of a per-entry closure and of `_key`.
             handler = batch_processor().handleInputRows
             tv = timer_values(timer_values_)
-            return each_entry(
-                groups,
-                "handleInputRows",
-                lambda group: handler(_key(group.key), _Rows(group.rows, columns, shape), tv),
-            )
+            select, encode, key_of, rows_of = use_key, encode_row, _key, _Rows
+            out = []
+            append = out.append
+            index = 0
+            try:
+                from_lists = None if columns is None else shape.lists_reader(columns)
+                for group in groups:
+                    select(index)
+                    text = group.key
+                    # Most keys are one string column without escapes: slice it out.
+                    if text[:2] == '["' and text[-2:] == '"]' and '"' not in text[2:-2] and (
+                        "\\" not in text
+                    ):
+                        key = (text[2:-2],)
+                    else:
+                        key = key_of(text)
+                    rows = handler(key, rows_of(group.rows, columns, shape, from_lists), tv)
+                    append([] if rows is None else list(map(encode, rows)))
+                    index += 1
+            except BaseException as e:  # noqa: BLE001
+                raise Err(BatchError(index, error_of("handleInputRows", e))) from None
+            return out
 
         def handle_expired_timers(self, timers, timer_values_):
             handler = batch_processor().handleExpiredTimer

@@ -154,8 +154,8 @@ class QueryInfo:
 
 class _Codec:
     """The converters of one schema: Python value <-> JSON text. ``dumps`` and ``loads`` are
-    closures built once per variable, so a state operation runs one Python frame for them
-    (they are on every state operation's path)."""
+    built once per variable, and for the common schemas (a struct of strings, integers and
+    booleans) each runs a single Python frame: they are on every state operation's path."""
 
     __slots__ = ("ddl", "what", "dumps", "loads")
 
@@ -163,26 +163,24 @@ class _Codec:
         data_type = as_type(schema)
         self.ddl = to_ddl(schema)
         self.what = what
-        self.dumps = _make_dumps(
-            _codec.struct_text(data_type), _codec.encoder(data_type), what
-        )
-        self.loads = _make_loads(_codec.decoder(data_type))
+        self.dumps = _make_dumps(data_type, what)
+        self.loads = _make_loads(data_type)
 
 
-def _make_dumps(text, enc, what, _dumps=_codec.dumps):
+def _make_dumps(data_type, what, _dumps=_codec.dumps):
+    enc = _codec.encoder(data_type)
+
     def dumps(value):
-        if text is not None:
-            fast = text(value)
-            if fast is not None:
-                return fast
         if value is None:
             raise ValueError(f"{what} cannot be None")
         return _dumps(enc(value) if enc is not None else value)
 
-    return dumps
+    # The concatenating fast path, which falls back to `dumps` for what it cannot write.
+    return _codec.struct_text(data_type, dumps) or dumps
 
 
-def _make_loads(dec, _loads=_codec.loads, _scan=_codec.scan):
+def _make_loads(data_type, _loads=_codec.loads, _scan=_codec.scan):
+    dec = _codec.decoder(data_type)
     if _scan is None:
         if dec is None:
             return _loads
@@ -197,6 +195,22 @@ def _make_loads(dec, _loads=_codec.loads, _scan=_codec.scan):
                 return _loads(text)
 
         return loads
+
+    plain = _codec.plain_struct_fields(data_type)
+    if plain is not None:
+        # The struct decoder inlined: one frame from the text to the Row.
+        fields, make = plain
+
+        def loads_struct(text, _map=map):
+            try:
+                obj = _scan(text, 0)[0]
+            except StopIteration:
+                obj = _loads(text)
+            if obj is None:
+                return None
+            return make(_map(obj.get, fields))
+
+        return loads_struct
 
     def loads_converted(text):
         try:
@@ -239,15 +253,34 @@ class _Pages:
             self._page = iter(page)
 
 
+def _method(host, name):
+    """``host.name``, bound once when a variable is declared. A host object without it (only
+    a test's stand-in) fails when the method is used, as looking it up then would."""
+    try:
+        return getattr(host, name)
+    except AttributeError:
+
+        def missing(*args):
+            raise AttributeError(f"{type(host).__name__!r} object has no attribute {name!r}")
+
+        return missing
+
+
 class ValueState:
     """A single value per grouping key. Mirrors PySpark's ``ValueState``."""
 
-    __slots__ = ("_h", "_c", "name")
+    # `_get`, `_update`, `_loads`, `_dumps`: the host's methods and the codec's functions,
+    # bound once, so a state operation looks up one attribute for each.
+    __slots__ = ("_h", "_c", "name", "_get", "_update", "_loads", "_dumps")
 
     def __init__(self, host, codec, name):
         self._h = host
         self._c = codec
         self.name = name
+        self._get = _method(host, "get")
+        self._update = _method(host, "update")
+        self._loads = codec.loads
+        self._dumps = codec.dumps
 
     def exists(self):
         """Whether the current key has a value."""
@@ -259,16 +292,16 @@ class ValueState:
     def get(self):
         """The current key's value (a tuple for struct schemas), or None."""
         try:
-            text = self._h.get()
+            text = self._get()
         except HostError as e:
             raise _lift(e) from None
-        return None if text is None else self._c.loads(text)
+        return None if text is None else self._loads(text)
 
     def update(self, newValue):
         """Replaces the current key's value, restarting its TTL."""
-        text = self._c.dumps(newValue)
+        text = self._dumps(newValue)
         try:
-            self._h.update(text)
+            self._update(text)
         except HostError as e:
             raise _lift(e) from None
 
@@ -286,12 +319,14 @@ class ListState:
     ``get`` is lazy: the host hands the list over page by page, so a list larger than the
     processor's memory can be iterated."""
 
-    __slots__ = ("_h", "_c", "name")
+    __slots__ = ("_h", "_c", "name", "_append", "_dumps")
 
     def __init__(self, host, codec, name):
         self._h = host
         self._c = codec
         self.name = name
+        self._append = _method(host, "append_value")
+        self._dumps = codec.dumps
 
     def exists(self):
         """Whether the current key's list has at least one element."""
@@ -321,9 +356,9 @@ class ListState:
 
     def appendValue(self, newState):
         """Appends one element."""
-        text = self._c.dumps(newState)
+        text = self._dumps(newState)
         try:
-            self._h.append_value(text)
+            self._append(text)
         except HostError as e:
             raise _lift(e) from None
 
@@ -350,13 +385,18 @@ class MapState:
     Iteration is lazy and ordered by the host (ascending by the user key's canonical
     encoding), so it is deterministic."""
 
-    __slots__ = ("_h", "_k", "_v", "name")
+    __slots__ = ("_h", "_k", "_v", "name", "_get", "_update", "_kdumps", "_vdumps", "_vloads")
 
     def __init__(self, host, key_codec, value_codec, name):
         self._h = host
         self._k = key_codec
         self._v = value_codec
         self.name = name
+        self._get = _method(host, "get_value")
+        self._update = _method(host, "update_value")
+        self._kdumps = key_codec.dumps
+        self._vdumps = value_codec.dumps
+        self._vloads = value_codec.loads
 
     def exists(self):
         """Whether the current key's map has at least one entry."""
@@ -367,12 +407,12 @@ class MapState:
 
     def getValue(self, key):
         """The value stored under ``key``, or None."""
-        k = self._k.dumps(key)
+        k = self._kdumps(key)
         try:
-            text = self._h.get_value(k)
+            text = self._get(k)
         except HostError as e:
             raise _lift(e) from None
-        return None if text is None else self._v.loads(text)
+        return None if text is None else self._vloads(text)
 
     def containsKey(self, key):
         """Whether ``key`` is present."""
@@ -384,10 +424,10 @@ class MapState:
 
     def updateValue(self, key, value):
         """Inserts or replaces the entry for ``key``, restarting that entry's TTL."""
-        k = self._k.dumps(key)
-        v = self._v.dumps(value)
+        k = self._kdumps(key)
+        v = self._vdumps(value)
         try:
-            self._h.update_value(k, v)
+            self._update(k, v)
         except HostError as e:
             raise _lift(e) from None
 

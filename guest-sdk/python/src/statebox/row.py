@@ -15,13 +15,20 @@ class Row(tuple):
     """
 
     def __new__(cls, *args, **kwargs):
-        if args and kwargs:
-            raise ValueError("a Row takes either positional values or named values, not both")
         if kwargs:
+            if args:
+                raise ValueError(
+                    "a Row takes either positional values or named values, not both"
+                )
             if cls is Row:
                 # The usual `Row(a=..., b=...)`: a Row of a cached class that holds the field
-                # names, so no per-row dict is made.
-                return row_maker(tuple(kwargs))(kwargs.values())
+                # names, so no per-row dict is made (the cache looked up here, not through
+                # row_maker: a handler makes one per emitted row).
+                names = tuple(kwargs)
+                maker = _MAKERS.get(names)
+                if maker is None:
+                    maker = row_maker(names)
+                return maker(kwargs.values())
             row = tuple.__new__(cls, kwargs.values())
             row.__dict__["__fields__"] = list(kwargs)
             return row
@@ -63,9 +70,9 @@ class Row(tuple):
             raise ValueError(f"too many values: {args!r} for fields {tuple(self)!r}")
         return Row._make(list(self), args)
 
-    def __getitem__(self, item):
-        if isinstance(item, (int, slice)):
-            return tuple.__getitem__(self, item)
+    def __getitem__(self, item, _int=int, _get=tuple.__getitem__):
+        if type(item) is _int or isinstance(item, (int, slice)):
+            return _get(self, item)
         try:
             return tuple.__getitem__(self, self.__fields__.index(item))
         except (AttributeError, ValueError):
