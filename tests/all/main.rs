@@ -29,6 +29,7 @@ mod serve;
 mod serve_kafka;
 mod serve_limits;
 mod sql;
+mod state_memory;
 mod state_ops;
 mod state_reader;
 mod trigger;

@@ -168,6 +168,10 @@ pub(crate) struct CountArgs {
     /// read, process and commit milliseconds, and its time relative to the first batch's.
     #[arg(long)]
     per_batch: bool,
+    /// Memory for the query's state, as `statebox run --state-memory`; the summary shows
+    /// it next to the process's peak resident memory.
+    #[arg(long, value_name = "SIZE", default_value = "512MiB", value_parser = crate::parse_state_memory)]
+    state_memory: statebox_state::StateMemory,
     #[command(flatten)]
     sandbox: SandboxArgs,
 }
@@ -335,8 +339,19 @@ fn count(args: CountArgs) -> anyhow::Result<()> {
             counter_factory(name, &args.sandbox, args.processor.as_deref())?,
         ));
     }
+    args.state_memory.configure_rocksdb();
     for (name, factory) in engines {
-        let run = run_count(name, factory, &input, dir, args.partitions, args.events)?;
+        // Each engine's peak is its own: the previous engine's checkpoint is closed.
+        reset_peak_rss();
+        let run = run_count(
+            name,
+            factory,
+            &input,
+            dir,
+            args.partitions,
+            args.events,
+            &args.state_memory,
+        )?;
         println!("{}", run.summary(args.keys, args.batches, args.partitions));
         if args.per_batch {
             for line in run.batch_lines() {
@@ -372,6 +387,10 @@ struct CountRun {
     seconds: f64,
     output_rows: u64,
     batches: Vec<statebox_engine::BatchReport>,
+    /// The state memory budget (`--state-memory`).
+    state_memory_bytes: usize,
+    /// The process's peak resident memory during the run (see [`peak_rss_bytes`]).
+    peak_rss_bytes: u64,
 }
 
 /// Runs the counter `factory` over `input` (the files of [`generate_count_input`]) into a
@@ -383,10 +402,12 @@ fn run_count(
     dir: &Path,
     partitions: u16,
     events: u64,
+    memory: &statebox_state::StateMemory,
 ) -> anyhow::Result<CountRun> {
     let run_dir = dir.join(engine);
     let opts = QueryOptions {
         partitions: Some(partitions),
+        state_cache_bytes: Some(memory.cache_bytes),
         ..QueryOptions::new(
             input.to_owned(),
             run_dir.join("out.jsonl"),
@@ -398,6 +419,7 @@ fn run_count(
     let mut query = Query::open(opts, factory)?;
     let reports = query.run_available(|_| {})?;
     let seconds = started.elapsed().as_secs_f64();
+    let peak_rss_bytes = peak_rss_bytes()?;
     let input_rows: u64 = reports.iter().map(|r| r.commit.input_rows).sum();
     anyhow::ensure!(
         input_rows == events,
@@ -409,6 +431,8 @@ fn run_count(
         seconds,
         output_rows: reports.iter().map(|r| r.commit.output_rows).sum(),
         batches: reports,
+        state_memory_bytes: memory.total_bytes,
+        peak_rss_bytes,
     })
 }
 
@@ -435,6 +459,8 @@ impl CountRun {
             "events_per_s": self.events_per_s(),
             "output_rows": self.output_rows,
             "slowest_batch_vs_first": self.slowest_vs_first(),
+            "state_memory_mib": mib(self.state_memory_bytes as u64),
+            "peak_rss_mib": mib(self.peak_rss_bytes),
         })
     }
 
@@ -461,6 +487,34 @@ impl CountRun {
                 })
             })
             .collect()
+    }
+}
+
+/// Bytes in MiB, one decimal.
+fn mib(bytes: u64) -> f64 {
+    (bytes as f64 / f64::from(1 << 20) * 10.0).round() / 10.0
+}
+
+/// The process's peak resident memory (`VmHWM` of `/proc/self/status`) since it started or
+/// since the last [`reset_peak_rss`].
+fn peak_rss_bytes() -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string("/proc/self/status")
+        .context("cannot read /proc/self/status for the peak resident memory")?;
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .context("/proc/self/status has no VmHWM line")?;
+    Ok(kib * 1024)
+}
+
+/// Resets the peak resident memory to the current one (Linux: `5` to
+/// `/proc/self/clear_refs`), so the next [`peak_rss_bytes`] is the peak of what runs in
+/// between. Where that is refused, the peak stays the process's, which is never lower.
+fn reset_peak_rss() {
+    if let Err(e) = std::fs::write("/proc/self/clear_refs", "5") {
+        tracing::debug!(error = %e, "cannot reset the peak resident memory");
     }
 }
 

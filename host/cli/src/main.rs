@@ -114,10 +114,12 @@ struct RunArgs {
     /// Files read per micro-batch.
     #[arg(long, default_value_t = 1)]
     max_files_per_batch: usize,
-    /// Committed state kept in memory in front of the checkpoint's RocksDB, in MiB (the
-    /// state cache; 0 turns it off).
-    #[arg(long, default_value_t = statebox_state::DEFAULT_STATE_CACHE_BYTES >> 20)]
-    state_cache_mb: usize,
+    /// Memory for the query's state, e.g. `512MiB`, `2GiB`: split between the state cache,
+    /// RocksDB's block cache (index and filter blocks included) and its memtables. Not
+    /// counted: the batch in flight, the processor's WebAssembly memory, code. With
+    /// --group, each task's checkpoint has its own state cache and memtables.
+    #[arg(long, value_name = "SIZE", default_value = "512MiB", value_parser = parse_state_memory)]
+    state_memory: statebox_state::StateMemory,
     /// Input column with each row's event time (epoch ms or ISO-8601); event-time mode.
     #[arg(long, requires = "watermark_delay")]
     event_time: Option<String>,
@@ -399,12 +401,14 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let processor = runtime
         .load_file(&wasm)
         .with_context(|| format!("cannot load processor {}", wasm.display()))?;
+    args.state_memory.configure_rocksdb();
+    tracing::info!(state_memory = %args.state_memory, "state memory budget");
     let opts = QueryOptions {
         partitions: args.partitions,
         output_mode: args.output_mode,
         time_mode: args.time_mode,
         max_files_per_batch: args.max_files_per_batch,
-        state_cache_bytes: Some(args.state_cache_mb.saturating_mul(1 << 20)),
+        state_cache_bytes: Some(args.state_memory.cache_bytes),
         event_time: args.event_time.clone().map(|column| EventTimeOptions {
             column,
             watermark_delay_ms: args.watermark_delay.unwrap_or(0),
@@ -591,9 +595,43 @@ fn run_group(
     Ok(())
 }
 
+/// Parses `--state-memory` (clap names the flag in the error).
+pub(crate) fn parse_state_memory(s: &str) -> Result<statebox_state::StateMemory, String> {
+    statebox_state::StateMemory::parse(s).map_err(|e| e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bad_state_memory_is_refused_naming_the_flag() {
+        use clap::Parser;
+        let run = |memory: &str| {
+            Cli::try_parse_from([
+                "statebox",
+                "run",
+                "--processor=p.wasm",
+                "--input=in",
+                "--output=out",
+                "--checkpoint=cp",
+                "--key=k",
+                &format!("--state-memory={memory}"),
+            ])
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+        };
+        let e = run("8MiB").unwrap_err();
+        assert!(e.contains("--state-memory"), "{e}");
+        assert!(
+            e.contains("8 MiB is below the minimum state memory of 32 MiB"),
+            "{e}"
+        );
+        let e = run("a lot").unwrap_err();
+        assert!(e.contains("--state-memory"), "{e}");
+        assert!(e.contains("`a lot` is not a size"), "{e}");
+        run("1GiB").unwrap();
+    }
 
     #[test]
     fn durations_parse_with_units() {

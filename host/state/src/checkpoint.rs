@@ -22,8 +22,9 @@ type VarScanFn<'a> = dyn FnMut(&[u8], &[u8], StoredValue) -> Result<bool> + 'a;
 const DB_DIR: &str = "state";
 
 /// Committed state a checkpoint opened for writing keeps in memory by default (see
-/// [`crate::cache`]): the per-key state of a few million keys of the counter workload.
-pub const DEFAULT_STATE_CACHE_BYTES: usize = 256 << 20;
+/// [`crate::cache`]): the per-key state of a few million keys of the counter workload. The
+/// state cache's share of [`crate::DEFAULT_STATE_MEMORY_BYTES`].
+pub const DEFAULT_STATE_CACHE_BYTES: usize = 240 << 20;
 
 /// A durable checkpoint (one RocksDB database in a directory), or an in-memory one for tests.
 ///

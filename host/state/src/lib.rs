@@ -11,6 +11,7 @@
 //! - [`keys`]: the byte layout of every stored key; byte order equals logical order.
 //! - [`value`](StoredValue): the stored value codec (schema id, TTL expiry, payload).
 //! - [`engine`]: the small [`KvEngine`] trait both backends implement.
+//! - [`memory`]: one memory budget for a query's state and its split.
 //! - `rocks` / `mem`: the RocksDB and in-memory backends; [`cache`]: a bounded cache of
 //!   committed point reads in front of either.
 //! - `checkpoint` / `txn`: the public [`Checkpoint`] and [`PartitionTxn`].
@@ -29,6 +30,7 @@ mod checkpoint;
 pub mod engine;
 pub mod keys;
 mod mem;
+pub mod memory;
 mod overlay;
 mod rocks;
 mod txn;
@@ -40,6 +42,7 @@ mod conformance;
 pub use changelog::ChangeStats;
 pub use checkpoint::{ChangelogWrite, Checkpoint, Commit, DEFAULT_STATE_CACHE_BYTES, Undo};
 pub use engine::{GetFn, GetManyFn, KvEngine, ScanFn, WriteBatch, WriteOp};
+pub use memory::{DEFAULT_STATE_MEMORY_BYTES, MemoryError, StateMemory};
 pub use txn::{DueCursor, PartitionTxn};
 pub use value::StoredValue;
 

@@ -12,9 +12,48 @@ use rocksdb::{
 use crate::engine::{GetFn, GetManyFn, KvEngine, ScanFn, WriteBatch, WriteOp};
 use crate::{Result, StoreError};
 
-/// Each of the two block caches of the process ([`shared_cache`]). Hot per-key state of a few
-/// million keys fits; the OS page cache backs the rest.
-const BLOCK_CACHE_BYTES: usize = 256 << 20;
+/// How much memory RocksDB may hold for the process's state (see [`crate::memory`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RocksMemory {
+    /// Capacity of each of the two block caches ([`shared_cache`]).
+    pub(crate) block_cache_bytes: usize,
+    /// One memtable's size.
+    pub(crate) write_buffer_bytes: usize,
+    /// Memtables per database at most.
+    pub(crate) write_buffers: usize,
+}
+
+/// What a process that set no budget gets: the RocksDB part of
+/// [`crate::memory::DEFAULT_STATE_MEMORY_BYTES`].
+fn default_memory() -> RocksMemory {
+    let m = crate::StateMemory::default();
+    RocksMemory {
+        block_cache_bytes: m.block_cache_bytes,
+        write_buffer_bytes: m.write_buffer_bytes,
+        write_buffers: m.write_buffers,
+    }
+}
+
+/// The process's RocksDB memory settings: `None` until [`set_memory`] (the default then).
+static MEMORY: std::sync::Mutex<Option<RocksMemory>> = std::sync::Mutex::new(None);
+
+/// The process's RocksDB memory settings.
+fn memory() -> RocksMemory {
+    MEMORY
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .unwrap_or_else(default_memory)
+}
+
+/// Sets the process's RocksDB memory: the writable databases' block cache is resized now if
+/// it exists, memtables follow at the next open.
+pub(crate) fn set_memory(m: RocksMemory) {
+    *MEMORY.lock().unwrap_or_else(|e| e.into_inner()) = Some(m);
+    let caches = CACHES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(cache) = &caches[0] {
+        cache.clone().set_capacity(m.block_cache_bytes);
+    }
+}
 /// Bloom filter bits per key (~1% false positives): most point reads of a batch hit keys
 /// that were never written, and the filter answers those without touching a data block.
 const BLOOM_BITS_PER_KEY: f64 = 10.0;
@@ -42,7 +81,8 @@ impl RocksEngine {
     }
 
     fn open_mode(path: &Path, read_only: bool) -> Result<Self> {
-        let cache = shared_cache(read_only)?;
+        let memory = memory();
+        let cache = shared_cache(read_only, memory.block_cache_bytes)?;
         let mut table = BlockBasedOptions::default();
         table.set_block_cache(&cache);
         // A full (not block-based) filter: one probe per point read.
@@ -50,7 +90,6 @@ impl RocksEngine {
         table.set_cache_index_and_filter_blocks(true);
         table.set_pin_l0_filter_and_index_blocks_in_cache(true);
         table.set_format_version(5);
-
         let mut opts = Options::default();
         opts.create_if_missing(true);
         opts.set_block_based_table_factory(&table);
@@ -63,10 +102,10 @@ impl RocksEngine {
         opts.set_memtable_prefix_bloom_ratio(0.1);
         opts.set_level_compaction_dynamic_level_bytes(true);
         opts.set_max_background_jobs(2);
-        // A batch's commit inserts every write into the memtable on one thread; a smaller
-        // memtable (flushed sooner, in the background) keeps those skiplist inserts and the
-        // next batch's reads out of a multi-million-entry list (+20% on `bench timers`).
-        opts.set_write_buffer_size(16 << 20);
+        // Memtables are bounded by the budget (`memory`): with one column family, their size
+        // times their number bounds what they hold.
+        opts.set_write_buffer_size(memory.write_buffer_bytes);
+        opts.set_max_write_buffer_number(i32::try_from(memory.write_buffers).unwrap_or(i32::MAX));
         opts.set_bytes_per_sync(1 << 20);
         opts.set_keep_log_file_num(4);
 
@@ -95,18 +134,20 @@ impl RocksEngine {
 /// The block cache of the process's databases: one for every writable database (a run's
 /// checkpoint, each of a server's pipelines) and one for every read-only one (`statebox
 /// state`, `statebox sql`, the server's state queries). Databases open at the same time
-/// share its [`BLOCK_CACHE_BYTES`] instead of each bringing a cache of its own, so a server
-/// with many pipelines holds two caches, not one per pipeline, and queries do not evict the
-/// pipelines' blocks.
-fn shared_cache(read_only: bool) -> Result<Cache> {
-    static CACHES: std::sync::Mutex<[Option<Cache>; 2]> = std::sync::Mutex::new([None, None]);
+/// share it instead of each bringing a cache of its own, so a server with many pipelines
+/// holds two caches, not one per pipeline, and queries do not evict the pipelines' blocks.
+/// The first open creates it with `capacity` bytes ([`RocksMemory::block_cache_bytes`]).
+fn shared_cache(read_only: bool, capacity: usize) -> Result<Cache> {
     let mut caches = CACHES.lock().unwrap_or_else(|e| e.into_inner());
     let cache = &mut caches[usize::from(read_only)];
     if cache.is_none() {
-        *cache = Some(Cache::new_lru_cache(BLOCK_CACHE_BYTES).map_err(storage)?);
+        *cache = Some(Cache::new_lru_cache(capacity).map_err(storage)?);
     }
     Ok(cache.clone().expect("set above"))
 }
+
+/// The writable and the read-only databases' block caches, made by the first open of each.
+static CACHES: std::sync::Mutex<[Option<Cache>; 2]> = std::sync::Mutex::new([None, None]);
 
 thread_local! {
     static PERF_STATS_OFF: Cell<bool> = const { Cell::new(false) };

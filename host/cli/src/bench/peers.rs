@@ -196,6 +196,7 @@ pub(crate) fn run(args: PeersArgs) -> anyhow::Result<()> {
                     dir,
                     args.partitions,
                     args.events,
+                    &statebox_state::StateMemory::default(),
                 )?;
                 if engine != PeerEngine::Python && statebox_batch_ms.is_none() {
                     statebox_batch_ms = Some(run.seconds * 1000.0 / args.batches as f64);

@@ -1,0 +1,112 @@
+//! The state memory budget (issue 15): `--state-memory` bounds what a query's state holds in
+//! memory (state cache, RocksDB block cache and memtables), so the process's peak resident
+//! memory stays under the budget plus a fixed overhead however many keys the state has; a
+//! bad budget is refused naming the flag.
+
+use std::process::Command;
+
+use serde_json::Value;
+use statebox_tests::{Scratch, guests, statebox_bin};
+
+/// What the process holds besides the budget in these runs, in MiB: code (~60 MiB resident),
+/// the batch in flight (40,000 rows, their overlays, change log and write batch), RocksDB's
+/// table readers and allocator slack. Measured: peaks of 226-242 MiB with the 32 MiB budget
+/// (README, "Memory").
+const OVERHEAD_MIB: f64 = 240.0;
+
+/// What the same run holds beyond the small run's peak when the budget lets its state grow:
+/// measured 40-55 MiB more with 1 GiB.
+const MORE_WITH_ROOM_MIB: f64 = 25.0;
+
+/// The small budget: the minimum.
+const SMALL_MIB: f64 = 32.0;
+
+/// `statebox bench count` of the native counter over 240,000 keys with `budget`: its
+/// summary.
+fn bench_count(budget: &str) -> Value {
+    let out = Command::new(statebox_bin())
+        .args([
+            "bench",
+            "count",
+            "--engine=native",
+            "--events=480000",
+            "--keys=240000",
+            "--batches=12",
+        ])
+        .arg(format!("--state-memory={budget}"))
+        .output()
+        .expect("run statebox bench count");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench count failed:\n{stderr}");
+    let stdout = String::from_utf8(out.stdout).expect("UTF-8 output");
+    let line = stdout.lines().next().expect("a summary line");
+    serde_json::from_str(line).expect("a JSON summary line")
+}
+
+fn number(line: &Value, field: &str) -> f64 {
+    line[field]
+        .as_f64()
+        .unwrap_or_else(|| panic!("`{field}` is not a number in {line}"))
+}
+
+#[test]
+fn peak_memory_stays_within_the_state_budget_plus_a_fixed_overhead() {
+    let small = bench_count("32MiB");
+    let large = bench_count("1GiB");
+    assert_eq!(number(&small, "state_memory_mib"), SMALL_MIB, "{small}");
+    assert_eq!(number(&large, "state_memory_mib"), 1024.0, "{large}");
+    // Same work, same result, whatever the budget.
+    for field in ["events", "output_rows"] {
+        assert_eq!(small[field], large[field], "{small}\n{large}");
+    }
+    let bound = SMALL_MIB + OVERHEAD_MIB;
+    let peak = number(&small, "peak_rss_mib");
+    assert!(
+        peak <= bound,
+        "peak resident memory {peak} MiB with a {SMALL_MIB} MiB budget is over \
+         {SMALL_MIB} + {OVERHEAD_MIB} MiB:\n{small}"
+    );
+    // The bound above held because the budget bounded the state, not because the state was
+    // small: with room, the same run holds more.
+    let roomy = number(&large, "peak_rss_mib");
+    assert!(
+        roomy >= peak + MORE_WITH_ROOM_MIB,
+        "with a 1 GiB budget the same run peaked at {roomy} MiB, not {MORE_WITH_ROOM_MIB} MiB \
+         over the {peak} MiB of the {SMALL_MIB} MiB budget: the test's state is too small to \
+         show the budget working:\n{small}\n{large}"
+    );
+}
+
+#[test]
+fn a_bad_state_memory_is_refused_naming_the_flag() {
+    let scratch = Scratch::new();
+    scratch.write_text("part-0.jsonl", "{\"key\":\"a\",\"value\":1}\n");
+    for (budget, says) in [
+        (
+            "16MiB",
+            "16 MiB is below the minimum state memory of 32 MiB",
+        ),
+        ("lots", "`lots` is not a size"),
+        ("1.5GiB", "`1.5GiB` is not a size"),
+    ] {
+        let out = scratch
+            .run_cmd(guests::COUNTER, "key")
+            .args([format!("--state-memory={budget}")])
+            .run();
+        // A usage error (clap's exit code 2), before anything is opened.
+        assert_eq!(out.code, Some(2), "{}", out.stderr);
+        assert!(
+            out.stderr.contains("'--state-memory <SIZE>'") && out.stderr.contains(says),
+            "the error names the flag and says `{says}`:\n{}",
+            out.stderr
+        );
+        assert!(!scratch.checkpoint().exists(), "nothing was opened");
+    }
+    // A good one runs.
+    scratch
+        .run_cmd(guests::COUNTER, "key")
+        .args(["--state-memory=48MiB"])
+        .run()
+        .expect_ok();
+    assert_eq!(scratch.output_rows().len(), 1);
+}
