@@ -5,9 +5,7 @@
 //! are scanned on all workers: each row is checked against the processor's input schema
 //! and its key columns are extracted in the same pass. Then each worker groups the rows of
 //! its own partitions, walking the chunks in input order so every key's rows keep their
-//! arrival order. Rows are never copied: groups name byte ranges of the batch's input
-//! text ([`Grouped`], which owns nothing borrowed, so the next batch's input can be decoded
-//! on another thread while this one commits) and [`Grouped::attach`] turns them into slices.
+//! arrival order. Rows are never copied: groups hold slices of the batch's input text.
 
 use std::ops::Range;
 
@@ -54,8 +52,6 @@ pub(crate) struct Text<'a> {
 struct Chunk<'a> {
     file: u32,
     text: &'a str,
-    /// Where `text` starts in its file's text.
-    offset: usize,
     first_line: u64,
 }
 
@@ -83,66 +79,20 @@ pub(crate) struct DecodeStats {
 }
 
 /// One decoded row of a chunk.
-struct Decoded {
+struct Decoded<'a> {
     partition: u32,
     key: Range<u32>,
-    /// The row's bytes in its file's text.
-    row: Range<usize>,
+    row: &'a str,
     line: u64,
 }
 
 /// A chunk's decoded rows; keys live in one arena string.
-struct DecodedChunk {
+struct DecodedChunk<'a> {
     file: u32,
     keys: String,
-    rows: Vec<Decoded>,
+    rows: Vec<Decoded<'a>>,
     late_rows: u64,
     max_event_time_ms: Option<i64>,
-}
-
-/// A batch's rows grouped by key per partition, as byte ranges of the texts they were
-/// decoded from: owned, so it can be made on one thread and used on another.
-pub(crate) struct Grouped {
-    partitions: Vec<Vec<OwnedGroup>>,
-    /// Added to a row's text index in its [`Origin`].
-    file_offset: u32,
-}
-
-/// [`Group`] before it is attached to its texts.
-struct OwnedGroup {
-    key: String,
-    rows: Vec<Range<usize>>,
-    origins: Vec<Origin>,
-}
-
-impl Grouped {
-    /// The groups with their rows as slices of `texts`, which must be the texts they were
-    /// decoded from.
-    pub(crate) fn attach<'a>(self, texts: &[Text<'a>]) -> Vec<PartitionInput<'a>> {
-        let file_offset = self.file_offset;
-        self.partitions
-            .into_iter()
-            .map(|groups| PartitionInput {
-                groups: groups
-                    .into_iter()
-                    .map(|g| {
-                        // Every row of a key may come from a different text.
-                        let rows = g
-                            .rows
-                            .into_iter()
-                            .zip(&g.origins)
-                            .map(|(r, o)| &texts[(o.file - file_offset) as usize].text[r])
-                            .collect();
-                        Group {
-                            key: g.key,
-                            rows,
-                            origins: g.origins,
-                        }
-                    })
-                    .collect(),
-            })
-            .collect()
-    }
 }
 
 /// Decodes every text of a batch into `partitions` groups using `workers` threads.
@@ -155,32 +105,10 @@ pub(crate) fn decode<'a>(
     partitions: usize,
     workers: usize,
 ) -> Result<(Vec<PartitionInput<'a>>, DecodeStats), EngineError> {
-    let (grouped, stats) = decode_owned(
-        texts,
-        file_offset,
-        scanner,
-        key_columns,
-        event_time,
-        partitions,
-        workers,
-    )?;
-    Ok((grouped.attach(texts), stats))
-}
-
-/// [`decode`], leaving the rows as byte ranges of `texts` (see [`Grouped::attach`]).
-pub(crate) fn decode_owned(
-    texts: &[Text<'_>],
-    file_offset: u32,
-    scanner: &RowScanner,
-    key_columns: &[String],
-    event_time: Option<EventTime<'_>>,
-    partitions: usize,
-    workers: usize,
-) -> Result<(Grouped, DecodeStats), EngineError> {
     let chunks = split(texts, workers * 4);
     let lanes = workers.min(chunks.len()).max(1);
     let per_lane = chunks.len().div_ceil(lanes).max(1);
-    let decoded: Vec<Result<Vec<DecodedChunk>, EngineError>> = std::thread::scope(|s| {
+    let decoded: Vec<Result<Vec<DecodedChunk<'a>>, EngineError>> = std::thread::scope(|s| {
         let handles: Vec<_> = chunks
             .chunks(per_lane)
             .map(|lane| {
@@ -217,7 +145,7 @@ pub(crate) fn decode_owned(
 
     let group_lanes = workers.min(partitions).max(1);
     let all = &all;
-    let mut grouped: Vec<(usize, Vec<OwnedGroup>)> = std::thread::scope(|s| {
+    let mut grouped: Vec<(usize, PartitionInput<'a>)> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..group_lanes)
             .map(|lane| {
                 s.spawn(move || {
@@ -234,11 +162,7 @@ pub(crate) fn decode_owned(
             .collect()
     });
     grouped.sort_by_key(|(p, _)| *p);
-    let grouped = Grouped {
-        partitions: grouped.into_iter().map(|(_, g)| g).collect(),
-        file_offset,
-    };
-    Ok((grouped, stats))
+    Ok((grouped.into_iter().map(|(_, g)| g).collect(), stats))
 }
 
 /// Splits the texts into about `target` chunks at line breaks, counting line numbers.
@@ -248,7 +172,6 @@ fn split<'a>(texts: &[Text<'a>], target: usize) -> Vec<Chunk<'a>> {
     let mut chunks = Vec::new();
     for (file, t) in texts.iter().enumerate() {
         let mut rest = t.text;
-        let mut offset = 0;
         let mut line = t.range.first_line;
         while !rest.is_empty() {
             let cut = if rest.len() <= size {
@@ -260,25 +183,23 @@ fn split<'a>(texts: &[Text<'a>], target: usize) -> Vec<Chunk<'a>> {
             chunks.push(Chunk {
                 file: file as u32,
                 text: head,
-                offset,
                 first_line: line,
             });
             line += crate::source::count_lines(head.as_bytes());
-            offset += head.len();
             rest = tail;
         }
     }
     chunks
 }
 
-fn decode_chunk(
-    chunk: &Chunk<'_>,
-    texts: &[Text<'_>],
+fn decode_chunk<'a>(
+    chunk: &Chunk<'a>,
+    texts: &[Text<'a>],
     scanner: &RowScanner,
     key_columns: &[String],
     event_time: Option<EventTime<'_>>,
     partitions: usize,
-) -> Result<DecodedChunk, EngineError> {
+) -> Result<DecodedChunk<'a>, EngineError> {
     let mut out = DecodedChunk {
         file: chunk.file,
         keys: String::with_capacity(chunk.text.len() / 4),
@@ -288,11 +209,8 @@ fn decode_chunk(
     };
     // The scanner extracts the key columns and then, in event-time mode, the event time.
     let mut columns: Vec<Option<&RawValue>> = vec![None; scanner.columns().len()];
-    let mut start = chunk.offset;
     for (i, line) in chunk.text.split('\n').enumerate() {
         let line_no = chunk.first_line + i as u64;
-        let line_start = start;
-        start += line.len() + 1;
         let line = line.strip_suffix('\r').unwrap_or(line);
         if line.trim().is_empty() {
             continue;
@@ -336,7 +254,7 @@ fn decode_chunk(
         out.rows.push(Decoded {
             partition,
             key: start as u32..out.keys.len() as u32,
-            row: line_start..line_start + line.len(),
+            row: line,
             line: line_no,
         });
     }
@@ -344,14 +262,14 @@ fn decode_chunk(
 }
 
 /// Groups partition `p`'s rows by key, in input order.
-fn group(chunks: &[DecodedChunk], p: u32, file_offset: u32) -> Vec<OwnedGroup> {
+fn group<'a>(chunks: &[DecodedChunk<'a>], p: u32, file_offset: u32) -> PartitionInput<'a> {
     let mut index: FxHashMap<&str, usize> = FxHashMap::default();
-    let mut groups: Vec<OwnedGroup> = Vec::new();
+    let mut groups: Vec<Group<'a>> = Vec::new();
     for chunk in chunks {
         for row in chunk.rows.iter().filter(|r| r.partition == p) {
             let key = &chunk.keys[row.key.start as usize..row.key.end as usize];
             let i = *index.entry(key).or_insert_with(|| {
-                groups.push(OwnedGroup {
+                groups.push(Group {
                     key: key.to_owned(),
                     rows: Vec::new(),
                     origins: Vec::new(),
@@ -359,14 +277,14 @@ fn group(chunks: &[DecodedChunk], p: u32, file_offset: u32) -> Vec<OwnedGroup> {
                 groups.len() - 1
             });
             let g = &mut groups[i];
-            g.rows.push(row.row.clone());
+            g.rows.push(row.row);
             g.origins.push(Origin {
                 file: file_offset + chunk.file,
                 line: row.line,
             });
         }
     }
-    groups
+    PartitionInput { groups }
 }
 
 /// Appends a key column's JSON in canonical form, so that equal values make equal keys

@@ -39,11 +39,9 @@ pub struct Query {
     /// How long the head's batch took (see [`Query::last_report`]).
     head_timing: BatchTiming,
     sink: Output,
-    scanner: Arc<statebox_schema::RowScanner>,
+    scanner: statebox_schema::RowScanner,
     /// Bytes of state the next batch may write (see [`Query::set_state_write_limit`]).
     state_write_limit: Option<u64>,
-    /// The next batch's input, being read and decoded while the last batch committed.
-    prefetch: Option<batch::Prefetch>,
 }
 
 /// Where a query's rows go.
@@ -123,7 +121,14 @@ impl Query {
         }
         let (ranges, source_plan) = match &mut self.records {
             Some(source) => (Vec::new(), source.plan()?),
-            None => (self.next_file_ranges(&self.progress)?, None),
+            None => (
+                self.source.next_ranges_bounded(
+                    &self.progress,
+                    self.opts.max_files_per_batch,
+                    self.opts.max_bytes_per_batch,
+                )?,
+                None,
+            ),
         };
         if ranges.is_empty() && source_plan.is_none() && !self.watermark_advanced() {
             return Ok(None);
@@ -143,18 +148,6 @@ impl Query {
             return self.run_no_data(at_ms).map(Some);
         }
         Ok(None)
-    }
-
-    /// The file ranges a batch reads after `progress`.
-    fn next_file_ranges(
-        &self,
-        progress: &BTreeMap<String, FileProgress>,
-    ) -> Result<Vec<FileRange>, EngineError> {
-        self.source.next_ranges_bounded(
-            progress,
-            self.opts.max_files_per_batch,
-            self.opts.max_bytes_per_batch,
-        )
     }
 
     /// Whether the watermark the next batch runs with is past the one the last batch ran
@@ -255,8 +248,6 @@ impl Query {
         match self.try_run_batch(plan) {
             Ok(report) => Ok(report),
             Err(e) => {
-                // Read for the batch after this one, which is not what runs next.
-                self.cancel_prefetch();
                 let keep_plan = match &mut self.sink {
                     Output::File(sink) => {
                         // Output appended before a failed commit must not survive into the

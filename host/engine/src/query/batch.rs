@@ -2,15 +2,7 @@
 //! read the planned input, decode it into partitions, call the processor (partitions in
 //! parallel), check the state it wrote against the limit, write the output, commit.
 //! [`Query::try_run_batch`] is that sequence; each step is a method below.
-//!
-//! While a batch commits (one synced RocksDB write on one thread), the input of the batch
-//! that will most likely follow is read and decoded on another thread ([`Prefetch`]). It
-//! is only a guess: nothing of the next batch is planned, logged or run before this one's
-//! commit is durable, and the next batch uses the guess only if its plan names exactly the
-//! same file ranges and watermark; otherwise it reads its input as if there were none.
 
-use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Instant;
 
 use statebox_state::catalog::VarKind;
@@ -18,7 +10,7 @@ use statebox_state::{ChangelogWrite, Commit, PartitionTxn};
 
 use super::Output;
 use crate::config::meta;
-use crate::input::{self, DecodeStats, Grouped, PartitionInput};
+use crate::input::{self, DecodeStats, PartitionInput};
 use crate::source::{self, FileRange, FileSource};
 use crate::{
     BatchPlan, BatchReport, BatchTimes, BatchTiming, CallErrorKind, CommitRecord, EngineError,
@@ -41,115 +33,7 @@ struct ReadInput {
     source_progress: Vec<(String, Vec<u8>)>,
 }
 
-/// The input of the batch expected to follow the one committing: the file ranges and
-/// watermark a plan made after the commit would name, and the thread reading and decoding
-/// them.
-pub(super) struct Prefetch {
-    ranges: Vec<FileRange>,
-    watermark_ms: i64,
-    thread: JoinHandle<Result<Decoded, EngineError>>,
-}
-
-/// A batch's input, read and decoded.
-struct Decoded {
-    input: ReadInput,
-    grouped: Grouped,
-    stats: DecodeStats,
-}
-
-/// What decoding a batch's input needs, owned, so that a thread of its own can do it.
-struct InputDecoder {
-    scanner: Arc<statebox_schema::RowScanner>,
-    key_columns: Vec<String>,
-    /// The event-time column, in event-time mode only.
-    event_time_column: Option<String>,
-    partitions: usize,
-    workers: usize,
-}
-
-impl InputDecoder {
-    /// Validates the input rows, extracts their keys (and event time) and groups them by
-    /// key per partition; rows at or before `watermark_ms` are dropped as late.
-    fn decode(
-        &self,
-        texts: &[input::Text<'_>],
-        watermark_ms: i64,
-    ) -> Result<(Grouped, DecodeStats), EngineError> {
-        let event_time = self
-            .event_time_column
-            .as_deref()
-            .map(|column| input::EventTime {
-                column,
-                watermark_ms,
-            });
-        input::decode_owned(
-            texts,
-            0,
-            &self.scanner,
-            &self.key_columns,
-            event_time,
-            self.partitions,
-            self.workers,
-        )
-    }
-}
-
-/// Reads the planned file ranges into `input`, with the progress each leaves.
-fn read_files(
-    source: &FileSource,
-    ranges: &[FileRange],
-    input: &mut ReadInput,
-) -> Result<(), EngineError> {
-    for range in ranges {
-        let text = source.read(range)?;
-        // Only line breaks count: a last line without one continues when the file grows.
-        let lines = range.first_line - 1 + source::count_lines(text.as_bytes());
-        input.file_progress.push((
-            range.file.clone(),
-            FileProgress {
-                bytes: range.end,
-                lines,
-            },
-        ));
-        input.texts.push(text);
-    }
-    Ok(())
-}
-
-/// The texts of a batch's input with their ranges and the names errors give them.
-fn texts<'a>(
-    source: &FileSource,
-    ranges: &'a [FileRange],
-    input: &'a ReadInput,
-) -> Vec<input::Text<'a>> {
-    input
-        .texts
-        .iter()
-        .zip(input.record_ranges.iter().chain(ranges))
-        .enumerate()
-        .map(|(i, (text, range))| input::Text {
-            text,
-            range,
-            file_name: match input.record_names.get(i) {
-                Some(name) => name.clone(),
-                None => source.path_of(&range.file).display().to_string(),
-            },
-        })
-        .collect()
-}
-
 impl ReadInput {
-    fn new() -> ReadInput {
-        ReadInput {
-            texts: Vec::new(),
-            record_ranges: Vec::new(),
-            record_names: Vec::new(),
-            positions: Vec::new(),
-            file_progress: Vec::new(),
-            source_progress: Vec::new(),
-        }
-    }
-
     /// `e` about line `n` of a record source's text, made to name the record.
     fn locate(&self, e: EngineError) -> EngineError {
         locate_record(e, &self.record_names, &self.positions)
@@ -186,16 +70,11 @@ impl Query {
         let started = Instant::now();
         self.reopen_sink(plan)?;
 
-        let Decoded {
-            input,
-            grouped,
-            stats,
-        } = match self.take_prefetch(plan) {
-            Some(decoded) => decoded,
-            None => self.read_and_decode(plan)?,
-        };
-        let texts = texts(&self.source, &plan.ranges, &input);
-        let inputs = grouped.attach(&texts);
+        let input = self.read_input(plan)?;
+        let texts = self.texts(plan, &input);
+        let (inputs, stats) = self
+            .decode_input(plan, &texts)
+            .map_err(|e| input.locate(e))?;
         let initial = self.read_initial_state(plan)?;
         let initial_texts: Vec<input::Text<'_>> = initial
             .iter()
@@ -268,7 +147,6 @@ impl Query {
         // The timing kept with the commit is written inside it, so it estimates the
         // commit's own duration up to here; the report has the full figure.
         let source_progress = input.source_progress.into_iter().chain(event_time_progress);
-        self.start_prefetch(&commit, &input.file_progress);
         self.commit(
             &mut commit,
             &timing(started),
@@ -299,125 +177,16 @@ impl Query {
         Ok(())
     }
 
-    /// Reads and decodes the input the plan names.
-    fn read_and_decode(&mut self, plan: &BatchPlan) -> Result<Decoded, EngineError> {
-        let input = self.read_input(plan)?;
-        let texts = texts(&self.source, &plan.ranges, &input);
-        let (grouped, stats) = self
-            .decoder()
-            .decode(&texts, plan.watermark_ms)
-            .map_err(|e| input.locate(e))?;
-        Ok(Decoded {
-            input,
-            grouped,
-            stats,
-        })
-    }
-
-    fn decoder(&self) -> InputDecoder {
-        InputDecoder {
-            scanner: self.scanner.clone(),
-            key_columns: self.config.key_columns.clone(),
-            event_time_column: match self.config.time_mode {
-                TimeMode::EventTime => self.config.event_time_column.clone(),
-                _ => None,
-            },
-            partitions: self.instances.len(),
-            workers: self.workers(),
-        }
-    }
-
-    /// Starts reading and decoding, on a thread of its own, the input of the batch that a
-    /// plan made once `commit` is durable would name: the file ranges after this batch's
-    /// `file_progress`, at the watermark `commit` passes on. Only for the file source (a
-    /// record source's next plan is its own), and only when there is more input.
-    fn start_prefetch(&mut self, commit: &CommitRecord, file_progress: &[(String, FileProgress)]) {
-        self.cancel_prefetch();
-        if self.records.is_some() || !read_ahead_enabled() {
-            return;
-        }
-        let mut progress = self.progress.clone();
-        for (file, p) in file_progress {
-            progress.insert(file.clone(), *p);
-        }
-        let ranges = match self.next_file_ranges(&progress) {
-            Ok(ranges) if !ranges.is_empty() => ranges,
-            Ok(_) => return,
-            Err(e) => {
-                // The next plan lists the files again and reports it.
-                tracing::debug!(error = %e, "cannot list the next batch's input ahead");
-                return;
-            }
-        };
-        let watermark_ms = match self.config.time_mode {
-            TimeMode::EventTime => commit.next_watermark_ms.max(0),
-            _ => -1,
-        };
-        let source = self.source.clone();
-        let decoder = self.decoder();
-        let planned = ranges.clone();
-        let thread = std::thread::Builder::new()
-            .name("statebox-prefetch".into())
-            .spawn(move || {
-                let mut input = ReadInput::new();
-                read_files(&source, &planned, &mut input)?;
-                let texts = texts(&source, &planned, &input);
-                let (grouped, stats) = decoder.decode(&texts, watermark_ms)?;
-                Ok(Decoded {
-                    input,
-                    grouped,
-                    stats,
-                })
-            });
-        match thread {
-            Ok(thread) => {
-                self.prefetch = Some(Prefetch {
-                    ranges,
-                    watermark_ms,
-                    thread,
-                })
-            }
-            Err(e) => tracing::debug!(error = %e, "cannot start reading the next input ahead"),
-        }
-    }
-
-    /// The input read ahead for this batch, if it is exactly what `plan` names and was read
-    /// and decoded without error. Otherwise the batch reads its input itself, and reports
-    /// what is wrong with it as it would have without reading ahead.
-    fn take_prefetch(&mut self, plan: &BatchPlan) -> Option<Decoded> {
-        let prefetch = self.prefetch.take()?;
-        let same = plan.source.is_none()
-            && plan.initial_ranges.is_empty()
-            && plan.ranges == prefetch.ranges
-            && plan.watermark_ms == prefetch.watermark_ms;
-        // Joined even when unused: a thread left running would compete with the batch.
-        match (same, prefetch.thread.join()) {
-            (true, Ok(Ok(decoded))) => Some(decoded),
-            (true, Ok(Err(e))) => {
-                tracing::debug!(batch_id = plan.batch_id, error = %e, "reading ahead failed; reading again");
-                None
-            }
-            (_, Err(_)) => {
-                tracing::warn!(
-                    batch_id = plan.batch_id,
-                    "the thread reading ahead panicked"
-                );
-                None
-            }
-            (false, Ok(_)) => None,
-        }
-    }
-
-    /// Drops the input read ahead, waiting for its thread.
-    pub(super) fn cancel_prefetch(&mut self) {
-        if let Some(prefetch) = self.prefetch.take() {
-            let _ = prefetch.thread.join();
-        }
-    }
-
     /// Reads what the plan names: the record source's records, then the file ranges.
     fn read_input(&mut self, plan: &BatchPlan) -> Result<ReadInput, EngineError> {
-        let mut input = ReadInput::new();
+        let mut input = ReadInput {
+            texts: Vec::with_capacity(plan.ranges.len()),
+            record_ranges: Vec::new(),
+            record_names: Vec::new(),
+            positions: Vec::new(),
+            file_progress: Vec::new(),
+            source_progress: Vec::new(),
+        };
         if let (Some(source), Some(source_plan)) = (&mut self.records, &plan.source) {
             let batch = source.read(source_plan)?;
             input.source_progress = batch.progress;
@@ -433,8 +202,63 @@ impl Query {
                 input.texts.push(t.text);
             }
         }
-        read_files(&self.source, &plan.ranges, &mut input)?;
+        for range in &plan.ranges {
+            let text = self.source.read(range)?;
+            // Only line breaks count: a last line without one continues when the file grows.
+            let lines = range.first_line - 1 + source::count_lines(text.as_bytes());
+            input.file_progress.push((
+                range.file.clone(),
+                FileProgress {
+                    bytes: range.end,
+                    lines,
+                },
+            ));
+            input.texts.push(text);
+        }
         Ok(input)
+    }
+
+    /// The input's texts with their ranges and the names errors give them.
+    fn texts<'a>(&self, plan: &'a BatchPlan, input: &'a ReadInput) -> Vec<input::Text<'a>> {
+        input
+            .texts
+            .iter()
+            .zip(input.record_ranges.iter().chain(&plan.ranges))
+            .enumerate()
+            .map(|(i, (text, range))| input::Text {
+                text,
+                range,
+                file_name: match input.record_names.get(i) {
+                    Some(name) => name.clone(),
+                    None => self.source.path_of(&range.file).display().to_string(),
+                },
+            })
+            .collect()
+    }
+
+    /// Validates the input rows, extracts their keys (and event time) and groups them by
+    /// key per partition; rows at or before the watermark are dropped as late.
+    fn decode_input<'a>(
+        &self,
+        plan: &BatchPlan,
+        texts: &[input::Text<'a>],
+    ) -> Result<(Vec<PartitionInput<'a>>, DecodeStats), EngineError> {
+        let event_time = match (self.config.time_mode, &self.config.event_time_column) {
+            (TimeMode::EventTime, Some(column)) => Some(input::EventTime {
+                column,
+                watermark_ms: plan.watermark_ms,
+            }),
+            _ => None,
+        };
+        input::decode(
+            texts,
+            0,
+            &self.scanner,
+            &self.config.key_columns,
+            event_time,
+            self.instances.len(),
+            self.workers(),
+        )
     }
 
     /// Groups the initial-state rows by key per partition (no schema, no event time); their
@@ -838,15 +662,6 @@ fn rows_per_s(rows: u64, started: Instant) -> f64 {
     }
 }
 
-/// Whether batches read the next batch's input ahead while they commit: yes, unless
-/// `STATEBOX_READ_AHEAD=0` is in the environment, which is there to measure what reading
-/// ahead gains (the same binary with and without it) and to rule it out when looking into
-/// a problem.
-fn read_ahead_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("STATEBOX_READ_AHEAD").map_or(true, |v| v != "0"))
-}
-
 /// A crash point for the tests: with `STATEBOX_CRASH_AFTER_DELIVERY=N` in the environment,
 /// the process aborts (as `kill -9` would stop it) right after the sink accepted batch N and
 /// before the checkpoint commits it, the moment where the sink has output the checkpoint
@@ -895,137 +710,5 @@ fn locate_record(e: EngineError, names: &[String], positions: &[Vec<i64>]) -> En
             },
         },
         e => e,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::path::Path;
-    use std::sync::Arc;
-
-    use serde_json::Value;
-
-    use crate::testing::NativeCounter;
-    use crate::{EngineError, Query, QueryOptions, TimeMode};
-
-    fn write(dir: &Path, name: &str, keys: &[&str]) {
-        let text: String = keys
-            .iter()
-            .map(|k| format!("{{\"k\":\"{k}\"}}\n"))
-            .collect();
-        std::fs::write(dir.join(name), text).unwrap();
-    }
-
-    fn open(root: &Path) -> Query {
-        let opts = QueryOptions {
-            partitions: Some(3),
-            time_mode: Some(TimeMode::None),
-            workers: Some(2),
-            ..QueryOptions::new(
-                root.join("in"),
-                root.join("out.jsonl"),
-                root.join("checkpoint"),
-                vec!["k".into()],
-            )
-        };
-        Query::open(opts, Arc::new(NativeCounter::new())).unwrap()
-    }
-
-    /// Each batch's output rows, sorted, as `key:count`.
-    fn batches(root: &Path, reports: &[crate::BatchReport]) -> Vec<Vec<String>> {
-        let text = std::fs::read_to_string(root.join("out.jsonl")).unwrap();
-        let mut rows = text
-            .lines()
-            .map(|l| serde_json::from_str::<Value>(l).unwrap());
-        reports
-            .iter()
-            .map(|r| {
-                let mut batch: Vec<String> = (&mut rows)
-                    .take(r.commit.output_rows as usize)
-                    .map(|v| format!("{}:{}", v["key"].as_str().unwrap(), v["count"]))
-                    .collect();
-                batch.sort();
-                batch
-            })
-            .collect()
-    }
-
-    #[test]
-    fn the_next_batch_uses_its_input_read_ahead_when_its_plan_names_it() {
-        let root = tempfile::tempdir().unwrap();
-        let input = root.path().join("in");
-        std::fs::create_dir(&input).unwrap();
-        write(&input, "0.jsonl", &["a", "b", "a"]);
-        write(&input, "1.jsonl", &["a", "c", "c", "c"]);
-        let mut query = open(root.path());
-        let first = query.run_next(Some(1_000)).unwrap().unwrap();
-        // While batch 0 committed, 1.jsonl (one file per batch) was read and decoded.
-        let ahead = query.prefetch.as_ref().expect("read ahead");
-        assert_eq!(ahead.ranges.len(), 1);
-        assert_eq!(
-            (ahead.ranges[0].file.as_str(), ahead.ranges[0].first_line),
-            ("1.jsonl", 1)
-        );
-        // Rewritten in place with other keys, at the same length: the plan names the same
-        // range, so the batch runs on the rows read ahead (input files are complete when
-        // listed, as for Spark's file source). This shows the guess was used.
-        write(&input, "1.jsonl", &["x", "y", "y", "y"]);
-        let second = query.run_next(Some(2_000)).unwrap().unwrap();
-        assert!(query.prefetch.is_none(), "nothing more to read");
-        assert_eq!(second.commit.input_rows, 4);
-        assert_eq!(second.commit.keys, 2);
-        assert_eq!(
-            batches(root.path(), &[first, second]),
-            [vec!["a:2", "b:1"], vec!["a:1", "c:3"]]
-        );
-    }
-
-    #[test]
-    fn input_read_ahead_that_the_plan_does_not_name_is_not_used() {
-        let root = tempfile::tempdir().unwrap();
-        let input = root.path().join("in");
-        std::fs::create_dir(&input).unwrap();
-        write(&input, "0.jsonl", &["a"]);
-        write(&input, "2.jsonl", &["c"]);
-        let mut query = open(root.path());
-        let mut reports = vec![query.run_next(Some(1_000)).unwrap().unwrap()];
-        assert_eq!(query.prefetch.as_ref().unwrap().ranges[0].file, "2.jsonl");
-        // A file listed before the one read ahead arrives after the commit: the next plan
-        // names it, so the batch reads it, not what was read ahead.
-        write(&input, "1.jsonl", &["b", "b"]);
-        reports.push(query.run_next(Some(2_000)).unwrap().unwrap());
-        // Read ahead again (2.jsonl); then 2.jsonl grows before the plan: the plan's range
-        // ends further, and the batch reads the whole of it.
-        assert_eq!(query.prefetch.as_ref().unwrap().ranges[0].end, 10);
-        write(&input, "2.jsonl", &["c", "d"]);
-        reports.push(query.run_next(Some(3_000)).unwrap().unwrap());
-        assert!(query.run_next(Some(4_000)).unwrap().is_none());
-        assert_eq!(
-            batches(root.path(), &reports),
-            [vec!["a:1"], vec!["b:2"], vec!["c:1", "d:1"]]
-        );
-    }
-
-    #[test]
-    fn a_bad_row_read_ahead_is_reported_by_its_batch_as_without_reading_ahead() {
-        let root = tempfile::tempdir().unwrap();
-        let input = root.path().join("in");
-        std::fs::create_dir(&input).unwrap();
-        write(&input, "0.jsonl", &["a"]);
-        std::fs::write(input.join("1.jsonl"), "{\"k\":\"b\"}\n{\"k\":\n").unwrap();
-        let mut query = open(root.path());
-        query.run_next(Some(1_000)).unwrap().unwrap();
-        assert!(query.prefetch.is_some());
-        let err = query.run_next(Some(2_000)).unwrap_err();
-        match err {
-            EngineError::Input { file, line, .. } => {
-                assert!(file.ends_with("1.jsonl"), "{file}");
-                assert_eq!(line, 2);
-            }
-            other => panic!("expected an input error, got {other:?}"),
-        }
-        // Nothing of batch 1 was committed, and nothing is left read ahead.
-        assert_eq!(query.head().unwrap().batch_id, 0);
-        assert!(query.prefetch.is_none());
     }
 }

@@ -239,10 +239,8 @@ impl Query {
         })?;
         let mut columns = config.key_columns.clone();
         columns.extend(config.event_time_column.clone());
-        let scanner = Arc::new(statebox_schema::RowScanner::new(
-            factory.info().input_schema.clone(),
-            columns,
-        ));
+        let scanner =
+            statebox_schema::RowScanner::new(factory.info().input_schema.clone(), columns);
         let instances = (0..config.partitions).map(|_| None).collect();
         Ok(Query {
             opts,
@@ -261,7 +259,6 @@ impl Query {
             sink,
             scanner,
             state_write_limit: None,
-            prefetch: None,
         })
     }
 }
