@@ -414,7 +414,7 @@ fn copy_tree(from: &Path, to: &Path) {
 }
 
 /// `statebox run JOB [extra...]` in `dir`.
-fn run_job(dir: &Path, job: &Path, extra: &[&str]) -> Output {
+pub(crate) fn run_job(dir: &Path, job: &Path, extra: &[&str]) -> Output {
     run_job_with(dir, job, extra, &[])
 }
 

@@ -233,18 +233,7 @@ fn the_databricks_gather_example_runs_unchanged_against_a_routed_service() {
     }
     std::fs::write(input.join("000001.json"), lines).expect("write input");
     let route = format!("https://api.example.com=http://127.0.0.1:{}", service.port);
-    let run = |extra: &[&str]| {
-        Command::new(statebox_bin())
-            .arg("run")
-            .arg(&job)
-            .args(extra)
-            .current_dir(work.path())
-            .env("STATEBOX_CACHE_DIR", component_cache())
-            .env_remove("STATEBOX_LOG")
-            .stdin(Stdio::null())
-            .output()
-            .expect("spawn statebox")
-    };
+    let run = |extra: &[&str]| crate::pyspark_docs::run_job(work.path(), &job, extra);
 
     // A route grants nothing: without --allow-http for its origin the run stops, naming it.
     let refused = run(&["--http-route", &route]);

@@ -237,8 +237,6 @@ fn option(options: &serde_json::Map<String, Value>, name: &str) -> Option<String
         })
 }
 
-/// The `statebox run` command line the query amounts to, and the output file to print for
-/// a console sink.
 /// The `--flag` names of a command line (`--flag value` and `--flag=value`).
 fn flags_in(args: &[OsString]) -> Vec<String> {
     args.iter()

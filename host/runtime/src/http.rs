@@ -187,6 +187,24 @@ fn default_port(scheme: Option<&Scheme>) -> u16 {
     }
 }
 
+/// The entries of `texts` that `parse` accepts; the others are logged and left out.
+fn valid_entries<T>(
+    texts: &[String],
+    parse: fn(&str) -> Result<T, String>,
+    what: &str,
+) -> Arc<[T]> {
+    texts
+        .iter()
+        .filter_map(|text| match parse(text) {
+            Ok(entry) => Some(entry),
+            Err(e) => {
+                tracing::warn!(error = %e, "ignoring an invalid {what}");
+                None
+            }
+        })
+        .collect()
+}
+
 /// The `wasi:http` hooks of one instance: the allow-list, and the deadline of the call in
 /// progress that bounds every request it sends.
 pub(crate) struct HttpHooks {
@@ -207,26 +225,8 @@ impl HttpHooks {
     /// Routes are applied after the allow-list check (callers validate them with
     /// [`HttpRoute::parse`] first; entries that do not parse route nothing).
     pub(crate) fn new(hosts: &[String], routes: &[String], deadline: CallDeadline) -> HttpHooks {
-        let allow = hosts
-            .iter()
-            .filter_map(|h| match HttpHost::parse(h) {
-                Ok(host) => Some(host),
-                Err(e) => {
-                    tracing::warn!(error = %e, "ignoring an invalid entry of the HTTP allow-list");
-                    None
-                }
-            })
-            .collect();
-        let routes = routes
-            .iter()
-            .filter_map(|r| match HttpRoute::parse(r) {
-                Ok(route) => Some(route),
-                Err(e) => {
-                    tracing::warn!(error = %e, "ignoring an invalid HTTP route");
-                    None
-                }
-            })
-            .collect();
+        let allow = valid_entries(hosts, HttpHost::parse, "an entry of the HTTP allow-list");
+        let routes = valid_entries(routes, HttpRoute::parse, "an HTTP route");
         HttpHooks {
             allow,
             routes,
@@ -287,23 +287,20 @@ impl WasiHttpHooks for HttpHooks {
                 .iter()
                 .find(|r| r.from.matches(scheme, authority.host(), port))
         });
-        let (host, port) = match routed {
-            Some(route) => {
-                let mut parts = uri.clone().into_parts();
-                parts.scheme = Some(route.to.scheme.clone());
-                parts.authority = Some(route.to.authority.clone());
-                match http::Uri::from_parts(parts) {
-                    Ok(to) => {
-                        tracing::debug!(from = %uri, %to, "outbound HTTP request routed");
-                        *request.uri_mut() = to;
-                    }
-                    Err(_) => return Box::new(async { Err(Error::HttpRequestUriInvalid) }),
+        if let Some(route) = routed {
+            let mut parts = uri.clone().into_parts();
+            parts.scheme = Some(route.to.scheme.clone());
+            parts.authority = Some(route.to.authority.clone());
+            match http::Uri::from_parts(parts) {
+                Ok(to) => {
+                    tracing::debug!(from = %uri, %to, "outbound HTTP request routed");
+                    *request.uri_mut() = to;
                 }
-                (route.to.host.clone(), route.to.port)
+                Err(_) => return Box::new(async { Err(Error::HttpRequestUriInvalid) }),
             }
-            None => (authority.host().to_owned(), port),
-        };
-        let host = host
+        }
+        let host = authority
+            .host()
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_owned();
@@ -320,32 +317,10 @@ impl WasiHttpHooks for HttpHooks {
         };
         Box::new(async move {
             let deadline = tokio::time::Instant::from_std(deadline);
-            // Check where the name points now, not only the name.
-            let addresses: Vec<IpAddr> = match host.parse::<IpAddr>() {
-                Ok(ip) => vec![ip],
-                Err(_) => match tokio::time::timeout_at(
-                    deadline,
-                    tokio::net::lookup_host((host.as_str(), port)),
-                )
-                .await
-                {
-                    Ok(Ok(found)) => found.map(|a| a.ip()).collect(),
-                    Ok(Err(e)) => {
-                        return Err(Error::DnsError {
-                            rcode: Some(e.to_string().chars().take(200).collect()),
-                            info_code: None,
-                        });
-                    }
-                    Err(_) => return Err(Error::DnsTimeout),
-                },
-            };
-            // A route's target is the operator's choice; anything else the grant covers.
-            if let Some(ip) = addresses
-                .iter()
-                .find(|ip| !routed_request && !allows_address(&allow, **ip, port))
-            {
-                tracing::debug!(%host, %ip, "outbound HTTP request denied: the host resolves to an internal address");
-                return Err(Error::DestinationIpProhibited);
+            // A route's target is the operator's choice; anything else the grant covers,
+            // checked where the name points now, not only the name.
+            if !routed_request {
+                check_addresses(&host, port, &allow, deadline).await?;
             }
             let sent = tokio::time::timeout_at(
                 deadline,
@@ -375,6 +350,39 @@ impl WasiHttpHooks for HttpHooks {
             ))
         })
     }
+}
+
+/// Refuses a request whose `host` resolves (or is) an internal address the allow-list
+/// `allow` does not name with `port` (see [`allows_address`]); the lookup ends at `deadline`.
+async fn check_addresses(
+    host: &str,
+    port: u16,
+    allow: &[HttpHost],
+    deadline: tokio::time::Instant,
+) -> Result<(), Error> {
+    let addresses: Vec<IpAddr> = match host.parse::<IpAddr>() {
+        Ok(ip) => vec![ip],
+        Err(_) => {
+            match tokio::time::timeout_at(deadline, tokio::net::lookup_host((host, port))).await {
+                Ok(Ok(found)) => found.map(|a| a.ip()).collect(),
+                Ok(Err(e)) => {
+                    return Err(Error::DnsError {
+                        rcode: Some(e.to_string().chars().take(200).collect()),
+                        info_code: None,
+                    });
+                }
+                Err(_) => return Err(Error::DnsTimeout),
+            }
+        }
+    };
+    if let Some(ip) = addresses
+        .iter()
+        .find(|ip| !allows_address(allow, **ip, port))
+    {
+        tracing::debug!(%host, %ip, "outbound HTTP request denied: the host resolves to an internal address");
+        return Err(Error::DestinationIpProhibited);
+    }
+    Ok(())
 }
 
 /// Whether a request may go to `ip`, an address the request's host name resolved to (or
