@@ -102,11 +102,7 @@ impl StateMemory {
     /// writable databases now (a cache in use is resized), the memtables of every database
     /// opened afterwards. A process running one query calls it once, before opening it.
     pub fn configure_rocksdb(&self) {
-        crate::rocks::set_memory(crate::rocks::RocksMemory {
-            block_cache_bytes: self.block_cache_bytes,
-            write_buffer_bytes: self.write_buffer_bytes,
-            write_buffers: self.write_buffers,
-        });
+        crate::rocks::set_memory(*self);
     }
 }
 

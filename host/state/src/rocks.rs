@@ -10,50 +10,30 @@ use rocksdb::{
 };
 
 use crate::engine::{GetFn, GetManyFn, KvEngine, ScanFn, WriteBatch, WriteOp};
-use crate::{Result, StoreError};
+use crate::{Result, StateMemory, StoreError};
 
-/// How much memory RocksDB may hold for the process's state (see [`crate::memory`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct RocksMemory {
-    /// Capacity of each of the two block caches ([`shared_cache`]).
-    pub(crate) block_cache_bytes: usize,
-    /// One memtable's size.
-    pub(crate) write_buffer_bytes: usize,
-    /// Memtables per database at most.
-    pub(crate) write_buffers: usize,
-}
+/// The process's state memory budget, of which RocksDB uses the block cache's and the
+/// memtables' shares (see [`crate::memory`]): `None` until [`set_memory`] (the default then).
+static MEMORY: std::sync::Mutex<Option<StateMemory>> = std::sync::Mutex::new(None);
 
-/// What a process that set no budget gets: the RocksDB part of
-/// [`crate::memory::DEFAULT_STATE_MEMORY_BYTES`].
-fn default_memory() -> RocksMemory {
-    let m = crate::StateMemory::default();
-    RocksMemory {
-        block_cache_bytes: m.block_cache_bytes,
-        write_buffer_bytes: m.write_buffer_bytes,
-        write_buffers: m.write_buffers,
-    }
-}
-
-/// The process's RocksDB memory settings: `None` until [`set_memory`] (the default then).
-static MEMORY: std::sync::Mutex<Option<RocksMemory>> = std::sync::Mutex::new(None);
-
-/// The process's RocksDB memory settings.
-fn memory() -> RocksMemory {
+/// The process's state memory budget.
+fn memory() -> StateMemory {
     MEMORY
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .unwrap_or_else(default_memory)
+        .unwrap_or_default()
 }
 
 /// Sets the process's RocksDB memory: the writable databases' block cache is resized now if
 /// it exists, memtables follow at the next open.
-pub(crate) fn set_memory(m: RocksMemory) {
+pub(crate) fn set_memory(m: StateMemory) {
     *MEMORY.lock().unwrap_or_else(|e| e.into_inner()) = Some(m);
     let caches = CACHES.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(cache) = &caches[0] {
         cache.clone().set_capacity(m.block_cache_bytes);
     }
 }
+
 /// Bloom filter bits per key (~1% false positives): most point reads of a batch hit keys
 /// that were never written, and the filter answers those without touching a data block.
 const BLOOM_BITS_PER_KEY: f64 = 10.0;
@@ -147,7 +127,7 @@ impl RocksEngine {
 /// state`, `statebox sql`, the server's state queries). Databases open at the same time
 /// share it instead of each bringing a cache of its own, so a server with many pipelines
 /// holds two caches, not one per pipeline, and queries do not evict the pipelines' blocks.
-/// The first open creates it with `capacity` bytes ([`RocksMemory::block_cache_bytes`]).
+/// The first open creates it with `capacity` bytes ([`StateMemory::block_cache_bytes`]).
 fn shared_cache(read_only: bool, capacity: usize) -> Result<Cache> {
     let mut caches = CACHES.lock().unwrap_or_else(|e| e.into_inner());
     let cache = &mut caches[usize::from(read_only)];
