@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use statebox_tests::kafka::{Broker, Record, counted_per_key, counts_in_state, produce_with};
+use statebox_tests::kafka::{Broker, Record, counted_per_key, counts_in_state, produce_acked};
 use statebox_tests::s3::S3;
 use statebox_tests::{Rng, Scratch, StateboxRun, guests};
 
@@ -224,7 +224,8 @@ fn three_workers_killed_added_and_removed_count_every_record_exactly_once() {
         root: scratch.path(),
     };
 
-    // Production: 120 rows every 50 ms, keyed by user, until told to stop.
+    // Production: 120 rows every 50 ms (or as fast as the broker acknowledges them), keyed
+    // by user, until told to stop.
     let done = Arc::new(AtomicBool::new(false));
     let producer = {
         let done = done.clone();
@@ -244,10 +245,9 @@ fn three_workers_killed_added_and_removed_count_every_record_exactly_once() {
                 for (user, _) in &rows {
                     *produced.entry(user.clone()).or_default() += 1;
                 }
-                produce_with(&producer, "clicks", &rows);
+                produce_acked(&producer, "clicks", &rows);
                 std::thread::sleep(Duration::from_millis(50));
             }
-            rdkafka::producer::Producer::flush(&producer, Duration::from_secs(30)).unwrap();
             produced
         })
     };

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use statebox_engine::StateReader;
 use statebox_tests::kafka::{
-    Broker, assert_counted_exactly_once, counted_per_key, counts_in_state, produce_with,
+    Broker, assert_counted_exactly_once, counted_per_key, counts_in_state, produce_acked,
     rows_per_key,
 };
 use statebox_tests::{Rng, Scratch, StateboxRun, guests, parse_jsonl};
@@ -272,10 +272,9 @@ fn kill_9_with_continuous_production_counts_every_record_exactly_once() {
                 for (user, _) in &rows {
                     *produced.entry(user.clone()).or_default() += 1;
                 }
-                produce_with(&producer, "clicks", &rows);
+                produce_acked(&producer, "clicks", &rows);
                 std::thread::sleep(Duration::from_millis(50));
             }
-            rdkafka::producer::Producer::flush(&producer, Duration::from_secs(30)).unwrap();
             produced
         })
     };

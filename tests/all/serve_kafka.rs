@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use statebox_tests::kafka::{Broker, assert_counted_exactly_once, produce_with};
+use statebox_tests::kafka::{Broker, assert_counted_exactly_once, produce_acked};
 use statebox_tests::{Rng, Scratch, guests, wait_for};
 
 use crate::serve::{ADMIN, Api, Reply, Server, data_dir, request, tenant};
@@ -342,14 +342,13 @@ fn serve_kafka_kill_9_of_the_server_mid_run_counts_every_record_exactly_once() {
             let mut rng = Rng::new(11);
             let mut produced = BTreeMap::new();
             while !stop.load(Ordering::SeqCst) {
-                produce_with(
+                produce_acked(
                     &producer,
                     "clicks",
                     &user_rows(200, 300, &mut rng, &mut produced),
                 );
                 std::thread::sleep(Duration::from_millis(50));
             }
-            rdkafka::producer::Producer::flush(&producer, Duration::from_secs(30)).unwrap();
             produced
         })
     };
