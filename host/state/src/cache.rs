@@ -7,7 +7,8 @@
 //! every write updates the keys it holds, so what it answers is exactly what the backend
 //! would. A large write's updates run on a second thread alongside the backend's write (the
 //! commit of a batch is one write on one thread); until both are done, reads go to the
-//! backend and fill nothing, so nobody reads a write the backend has not accepted. Writing through matters for the batch after a key's
+//! backend and fill nothing, so nobody reads a write the backend has not accepted.
+//! Writing through matters for the batch after a key's
 //! first: its reads (the counter reads back every value, list length and map entry it wrote)
 //! would otherwise all miss and descend RocksDB, which made that batch about twice as slow
 //! as the others. Absences are not cached, except that a committed delete of a cached key
@@ -515,35 +516,32 @@ impl<E: KvEngine> KvEngine for CachedEngine<E> {
 
     fn write(&self, batch: &WriteBatch) -> Result<()> {
         self.writing.fetch_add(1, Ordering::SeqCst);
-        let written = if batch.len() < PARALLEL_APPLY_OPS {
+        // A large write's cache updates go alongside the backend's write, on a second
+        // thread: a batch's commit is one write on one thread, the updates of a 400k-write
+        // batch took a fifth as long again, and the partitions' workers are idle meanwhile.
+        // Small writes, or no thread to spare: the updates follow the write here.
+        let written = std::thread::scope(|s| {
+            let applying = (batch.len() >= PARALLEL_APPLY_OPS)
+                .then(|| {
+                    std::thread::Builder::new()
+                        .name("statebox-cache".into())
+                        .spawn_scoped(s, || self.apply(batch))
+                        .ok()
+                })
+                .flatten();
             let written = self.inner.write(batch);
-            if written.is_ok() {
-                self.apply(batch);
+            match applying {
+                Some(applying) => {
+                    if let Err(panic) = applying.join() {
+                        self.clear();
+                        std::panic::resume_unwind(panic);
+                    }
+                }
+                None if written.is_ok() => self.apply(batch),
+                None => {}
             }
             written
-        } else {
-            // The cache's updates go alongside the backend's write, on a second thread: a
-            // batch's commit is one write on one thread, the updates of a 400k-write batch
-            // took a fifth as long again, and the partitions' workers are idle meanwhile.
-            std::thread::scope(|s| {
-                let applying = std::thread::Builder::new()
-                    .name("statebox-cache".into())
-                    .spawn_scoped(s, || self.apply(batch));
-                let written = self.inner.write(batch);
-                match applying {
-                    Ok(applying) => {
-                        if let Err(panic) = applying.join() {
-                            self.clear();
-                            std::panic::resume_unwind(panic);
-                        }
-                    }
-                    // No thread to spare: the updates follow the write here.
-                    Err(_) if written.is_ok() => self.apply(batch),
-                    Err(_) => {}
-                }
-                written
-            })
-        };
+        });
         if written.is_err() {
             self.clear();
         }
