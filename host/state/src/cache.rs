@@ -788,25 +788,33 @@ mod tests {
         reads: AtomicUsize,
     }
 
-    impl Gated {
-        fn new(
-            fail: bool,
-        ) -> (
-            Self,
-            std::sync::mpsc::Receiver<()>,
-            std::sync::mpsc::Sender<()>,
-        ) {
-            let (started_tx, started_rx) = std::sync::mpsc::channel();
-            let (go_tx, go_rx) = std::sync::mpsc::channel();
-            let gated = Gated {
-                inner: MemEngine::default(),
-                started: Mutex::new(started_tx),
-                go: Mutex::new(go_rx),
-                fail,
-                reads: AtomicUsize::new(0),
-            };
-            (gated, started_rx, go_tx)
-        }
+    /// The seeded key of [`gated_cache`], and its committed value.
+    const SEEDED: (u32, &[u8]) = (1, b"a0");
+
+    /// A cache over a [`Gated`] backend (failing its large writes if `fail`), with
+    /// [`SEEDED`] written and read back into the cache; and the backend's signals: a large
+    /// write started, go on.
+    fn gated_cache(
+        fail: bool,
+    ) -> (
+        CachedEngine<Gated>,
+        std::sync::mpsc::Receiver<()>,
+        std::sync::mpsc::Sender<()>,
+    ) {
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel();
+        let gated = Gated {
+            inner: MemEngine::default(),
+            started: Mutex::new(started_tx),
+            go: Mutex::new(go_rx),
+            fail,
+            reads: AtomicUsize::new(0),
+        };
+        let e = CachedEngine::new(gated, 64 << 20);
+        let (key, value) = SEEDED;
+        put(&e, &value_key(key), value);
+        assert_eq!(e.get(&value_key(key)).unwrap().as_deref(), Some(value));
+        (e, started_rx, go_tx)
     }
 
     impl KvEngine for Gated {
@@ -853,11 +861,8 @@ mod tests {
 
     #[test]
     fn a_large_write_is_read_from_the_backend_until_the_backend_accepted_it() {
-        let (gated, started, go) = Gated::new(false);
-        let e = CachedEngine::new(gated, 64 << 20);
-        let a = value_key(1);
-        put(&e, &a, b"a0");
-        assert_eq!(e.get(&a).unwrap().as_deref(), Some(&b"a0"[..]));
+        let (e, started, go) = gated_cache(false);
+        let a = value_key(SEEDED.0);
         let batch = large_batch(&a, b"a1");
         let (during, reads_during) = std::thread::scope(|s| {
             let writer = s.spawn(|| e.write(&batch));
@@ -872,7 +877,7 @@ mod tests {
             writer.join().unwrap().unwrap();
             (during, reads_during)
         });
-        assert_eq!(during, (Some(b"a0".to_vec()), None));
+        assert_eq!(during, (Some(SEEDED.1.to_vec()), None));
         assert_eq!(reads_during, 2, "both reads went to the backend");
         // Accepted: now answered by the cache, which the reads during the write left as
         // the write made it.
@@ -884,11 +889,8 @@ mod tests {
 
     #[test]
     fn a_failed_large_write_empties_the_cache_its_updates_ran_ahead_on() {
-        let (gated, started, go) = Gated::new(true);
-        let e = CachedEngine::new(gated, 64 << 20);
-        let a = value_key(1);
-        put(&e, &a, b"a0");
-        assert_eq!(e.get(&a).unwrap().as_deref(), Some(&b"a0"[..]));
+        let (e, started, go) = gated_cache(true);
+        let a = value_key(SEEDED.0);
         let batch = large_batch(&a, b"a1");
         std::thread::scope(|s| {
             let writer = s.spawn(|| e.write(&batch));
@@ -898,7 +900,7 @@ mod tests {
             assert!(writer.join().unwrap().is_err());
         });
         assert_eq!(e.cached_bytes(), 0);
-        assert_eq!(e.get(&a).unwrap().as_deref(), Some(&b"a0"[..]));
+        assert_eq!(e.get(&a).unwrap().as_deref(), Some(SEEDED.1));
         assert_eq!(e.get(&value_key(10)).unwrap(), None);
     }
 }
