@@ -29,8 +29,8 @@
 //! - **No stale fills**: a read that missed fills the cache only if no write touched the
 //!   shard meanwhile (a per-shard version), so a value read before a commit can never
 //!   overwrite the one the commit wrote.
-//! - **A failed write empties the cache**: whatever the backend kept of it, nothing cached
-//!   can disagree with it afterwards.
+//! - **A failed write empties the cache**, as does one that panicked: whatever the backend
+//!   kept of it, nothing cached can disagree with it afterwards, and reads use the cache again.
 //!
 //! Scans (list elements, map pages, timers, TTL, metadata) go to the backend: they are
 //! ordered reads the backend's iterators already serve well.
@@ -515,7 +515,7 @@ impl<E: KvEngine> KvEngine for CachedEngine<E> {
     }
 
     fn write(&self, batch: &WriteBatch) -> Result<()> {
-        self.writing.fetch_add(1, Ordering::SeqCst);
+        let mut in_flight = InFlight::start(self);
         // A large write's cache updates go alongside the backend's write, on a second
         // thread: a batch's commit is one write on one thread, the updates of a 400k-write
         // batch took a fifth as long again, and the partitions' workers are idle meanwhile.
@@ -533,7 +533,6 @@ impl<E: KvEngine> KvEngine for CachedEngine<E> {
             match applying {
                 Some(applying) => {
                     if let Err(panic) = applying.join() {
-                        self.clear();
                         std::panic::resume_unwind(panic);
                     }
                 }
@@ -542,11 +541,36 @@ impl<E: KvEngine> KvEngine for CachedEngine<E> {
             }
             written
         });
-        if written.is_err() {
-            self.clear();
-        }
-        self.writing.fetch_sub(1, Ordering::SeqCst);
+        in_flight.succeeded = written.is_ok();
         written
+    }
+}
+
+/// A write in flight (counted in [`CachedEngine::writing`]) until dropped. Unless it
+/// succeeded, which a write that failed or panicked (in the backend, or in the thread
+/// updating the cache) did not, the cache is emptied first: nothing cached can then disagree
+/// with whatever the backend kept, and reads use the cache again once the count is down.
+struct InFlight<'a, E: KvEngine> {
+    cache: &'a CachedEngine<E>,
+    succeeded: bool,
+}
+
+impl<'a, E: KvEngine> InFlight<'a, E> {
+    fn start(cache: &'a CachedEngine<E>) -> Self {
+        cache.writing.fetch_add(1, Ordering::SeqCst);
+        Self {
+            cache,
+            succeeded: false,
+        }
+    }
+}
+
+impl<E: KvEngine> Drop for InFlight<'_, E> {
+    fn drop(&mut self) {
+        if !self.succeeded {
+            self.cache.clear();
+        }
+        self.cache.writing.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -751,6 +775,38 @@ mod tests {
         // Reads now agree with whatever the backend kept.
         assert_eq!(e.get(&a).unwrap().as_deref(), Some(&b"a1"[..]));
         assert_eq!(e.get(&b).unwrap().as_deref(), Some(&b"b0"[..]));
+    }
+
+    #[test]
+    fn a_write_that_panics_empties_the_cache_and_reads_use_it_again() {
+        struct Panicking(MemEngine);
+        impl KvEngine for Panicking {
+            fn get_with(&self, key: &[u8], f: &mut GetFn<'_>) -> Result<bool> {
+                self.0.get_with(key, f)
+            }
+            fn scan(&self, start: &[u8], end: &[u8], f: &mut ScanFn<'_>) -> Result<()> {
+                self.0.scan(start, end, f)
+            }
+            fn write(&self, batch: &WriteBatch) -> Result<()> {
+                assert!(batch.len() == 1, "injected panic");
+                self.0.write(batch)
+            }
+        }
+        let e = CachedEngine::new(Panicking(MemEngine::default()), 1 << 20);
+        let (a, b) = (value_key(1), value_key(2));
+        put(&e, &a, b"a0");
+        assert!(e.cached_bytes() > 0);
+        let mut batch = WriteBatch::new();
+        batch.put(a.clone(), b"a1".to_vec());
+        batch.put(b.clone(), b"b1".to_vec());
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| e.write(&batch)));
+        assert!(panicked.is_err());
+        assert_eq!(e.cached_bytes(), 0);
+        assert_eq!(e.writing.load(Ordering::SeqCst), 0, "the write is over");
+        // The cache serves reads again: a read fills it, and a hit no longer asks the backend.
+        assert_eq!(e.get(&a).unwrap().as_deref(), Some(&b"a0"[..]));
+        put(&e.inner, &a, b"behind the cache's back");
+        assert_eq!(e.get(&a).unwrap().as_deref(), Some(&b"a0"[..]));
     }
 
     #[test]
