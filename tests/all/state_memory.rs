@@ -59,6 +59,7 @@ fn peak_memory_stays_within_the_state_budget_plus_a_fixed_overhead() {
     for field in ["events", "output_rows"] {
         assert_eq!(small[field], large[field], "{small}\n{large}");
     }
+    the_rocksdb_library_is_named_as_it_is(&small);
     let bound = SMALL_MIB + OVERHEAD_MIB;
     let peak = number(&small, "peak_rss_mib");
     assert!(
@@ -74,6 +75,31 @@ fn peak_memory_stays_within_the_state_budget_plus_a_fixed_overhead() {
         "with a 1 GiB budget the same run peaked at {roomy} MiB, not {MORE_WITH_ROOM_MIB} MiB \
          over the {peak} MiB of the {SMALL_MIB} MiB budget: the test's state is too small to \
          show the budget working:\n{small}\n{large}"
+    );
+}
+
+/// The summary's `rocksdb` names the shared library the run loaded, and says it has
+/// assertions on exactly when the library has RocksDB's test sync points, which only a build
+/// without `-DNDEBUG` compiles (Debian's, by default; README, "RocksDB built with
+/// assertions").
+fn the_rocksdb_library_is_named_as_it_is(summary: &Value) {
+    let rocksdb = &summary["rocksdb"];
+    let library = rocksdb["library"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no RocksDB library named in {summary}"));
+    let file = std::path::Path::new(library);
+    assert!(
+        file.file_name()
+            .is_some_and(|f| f.to_string_lossy().starts_with("librocksdb.so")),
+        "{summary}"
+    );
+    let bytes = std::fs::read(file).unwrap_or_else(|e| panic!("{library}: {e}"));
+    let sync_points = b"_ZN7rocksdb9SyncPoint11GetInstanceEv";
+    let has_sync_points = bytes.windows(sync_points.len()).any(|w| w == sync_points);
+    assert_eq!(
+        rocksdb["assertions"].as_bool(),
+        Some(has_sync_points),
+        "{summary}"
     );
 }
 

@@ -273,6 +273,7 @@ fn timed(workload: &str, plugin: &str, column: &str, args: TimeArgs) -> anyhow::
         "ttl_removed": expired,
         "ttl_removed_per_s": (expired as f64 / seconds).round(),
         "slowest_batch_vs_first": slowest_vs_first(&reports),
+        "rocksdb": rocksdb_library(),
     });
     println!("{line}");
     if args.per_batch {
@@ -461,6 +462,7 @@ impl CountRun {
             "slowest_batch_vs_first": self.slowest_vs_first(),
             "state_memory_mib": mib(self.state_memory_bytes as u64),
             "peak_rss_mib": mib(self.peak_rss_bytes),
+            "rocksdb": rocksdb_library(),
         })
     }
 
@@ -488,6 +490,31 @@ impl CountRun {
             })
             .collect()
     }
+}
+
+/// The RocksDB this process runs on, for a summary line: the shared library's path (`null`
+/// when linked in statically) and whether it was built with assertions on. Debian's
+/// librocksdb, which builds link by default, has them on (no `-DNDEBUG`); a release build
+/// (`bench/rocksdb/build.sh`) shortens a batch's commit by 15–35% (README, "RocksDB built
+/// with assertions").
+fn rocksdb_library() -> serde_json::Value {
+    let library = std::fs::read_to_string("/proc/self/maps")
+        .ok()
+        .and_then(|maps| {
+            maps.lines()
+                .filter_map(|line| line.split_whitespace().nth(5))
+                .find(|path| {
+                    path.rsplit('/')
+                        .next()
+                        .is_some_and(|file| file.starts_with("librocksdb.so"))
+                })
+                .map(str::to_owned)
+        });
+    // RocksDB compiles its test sync points only where assertions are on.
+    let sync_points = c"_ZN7rocksdb9SyncPoint11GetInstanceEv";
+    // SAFETY: dlsym only looks the NUL-terminated name up; the result is not called.
+    let assertions = unsafe { !libc::dlsym(libc::RTLD_DEFAULT, sync_points.as_ptr()).is_null() };
+    json!({ "library": library, "assertions": assertions })
 }
 
 /// Bytes in MiB, one decimal.
