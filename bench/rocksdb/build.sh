@@ -5,11 +5,10 @@
 # Statebox links Debian's librocksdb by default (`.ci/setup` installs it; compiling RocksDB
 # with every fresh build would cost CI ~15 more minutes). Debian's library is compiled
 # without `-DNDEBUG`: every assertion and every test sync point of RocksDB runs, in each
-# memtable insert, block read and flush. This script compiles the
-# RocksDB the `rocksdb` crate's own bindings are generated from (7.9.2, from the
-# `librocksdb-sys` sources `cargo fetch` puts in the registry) with `-DNDEBUG -O2` and
-# hardware checksums, as a shared library in ~/.cache/statebox/rocksdb-release/lib. 12–18
-# minutes on 2 cores.
+# memtable insert, block read and flush. This script compiles the RocksDB the `rocksdb`
+# crate's own bindings are generated from (7.9.2, from the `librocksdb-sys` sources `cargo
+# fetch` puts in the registry) with `-DNDEBUG -O2` and hardware checksums, as a shared
+# library in ~/.cache/statebox/rocksdb-release/lib. 12–18 minutes on 2 cores.
 #
 # A `statebox` binary built as usual loads it instead of Debian's with
 #     LD_LIBRARY_PATH=~/.cache/statebox/rocksdb-release/lib statebox bench count ...
@@ -36,7 +35,8 @@ lib="$out/lib/librocksdb.so.$version"
 # which halves the compile time. PORTABLE=1 with USE_SSE=1 targets x86-64 with SSE4.2,
 # PCLMUL, AVX2, BMI and LZCNT (Haswell, 2013, and later): without USE_SSE, RocksDB computes
 # its checksums (WAL records, blocks) in software, 2% of a run's CPU.
-# (RocksDB's platform detection reads them from the environment, not from make's arguments.)
+# PORTABLE and USE_SSE reach RocksDB's platform detection only through the environment (as
+# make's arguments they are ignored), so every flag is passed there.
 flags=(DEBUG_LEVEL=0 PORTABLE=1 USE_SSE=1 USE_RTTI=1 DISABLE_WARNING_AS_ERROR=1 EXTRA_CXXFLAGS=-g0)
 # A library built with other flags is built again.
 if [ -f "$lib" ] && [ "$(cat "$out/lib/.flags" 2>/dev/null)" != "${flags[*]}" ]; then
