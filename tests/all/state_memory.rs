@@ -80,8 +80,9 @@ fn peak_memory_stays_within_the_state_budget_plus_a_fixed_overhead() {
 
 /// The summary's `rocksdb` names the shared library the run loaded, and says it has
 /// assertions on exactly when the library has RocksDB's test sync points, which only a build
-/// without `-DNDEBUG` compiles (Debian's, by default; README, "RocksDB built with
-/// assertions").
+/// without `-DNDEBUG` compiles (Debian's; README, "RocksDB built with assertions"). The
+/// binary runs on the release library `.ci/setup` installs (`host/state/install-rocksdb.sh`),
+/// not on Debian's.
 fn the_rocksdb_library_is_named_as_it_is(summary: &Value) {
     let rocksdb = &summary["rocksdb"];
     let library = rocksdb["library"]
@@ -100,6 +101,11 @@ fn the_rocksdb_library_is_named_as_it_is(summary: &Value) {
         rocksdb["assertions"].as_bool(),
         Some(has_sync_points),
         "{summary}"
+    );
+    assert!(
+        library.starts_with("/usr/local/lib/") && !has_sync_points,
+        "the binary runs on {library}, not on the release RocksDB that .ci/setup builds into \
+         /usr/local/lib (host/state/install-rocksdb.sh): {summary}"
     );
 }
 

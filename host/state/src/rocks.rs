@@ -84,8 +84,9 @@ impl RocksEngine {
         let mut opts = Options::default();
         opts.create_if_missing(true);
         opts.set_block_based_table_factory(&table);
-        // LZ4 is linked into the system librocksdb and costs little CPU; stored values are
-        // JSON text, which compresses well.
+        // LZ4 is linked into librocksdb (install-rocksdb.sh's build finds liblz4-dev, as
+        // Debian's does) and costs little CPU; stored values are JSON text, which compresses
+        // well.
         opts.set_compression_type(DBCompressionType::Lz4);
         // A memtable bloom filter lets point reads of keys absent from the memtable (most
         // keys, in a batch over many keys) skip its skiplist search.
