@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds RocksDB as a release library and installs it in /usr/local/lib, where every build
 # of Statebox links it (`.cargo/config.toml`); does nothing when the library installed there
-# was built by this script with the same flags. `.ci/setup` runs it.
+# was built by this script with the same flags. The README's first command runs it; `.ci/run`
+# does not (10–18 minutes would take a cold CI run past its budget), so CI tests on Debian's.
 #
 # Debian's librocksdb is compiled without `-DNDEBUG`: every assertion and every test sync
 # point of RocksDB runs, in each memtable insert, block read and flush, and its checksums
@@ -73,4 +74,13 @@ if ! cmp -s "$lib" "$prefix/librocksdb.so.$version"; then
         $sudo ln -sfn "librocksdb.so.$version" "$prefix/$name"
     done
     $sudo ldconfig
+    # Binaries built before this linked Debian's library, and the `rocksdb` crate's build
+    # script does not look for the library again: its artefacts are removed from this
+    # checkout's target directory and `.ci/run`'s, so their next build links this one.
+    for dir in "$root/target" "${CARGO_TARGET_DIR:-$HOME/.cache/statebox/target}"; do
+        if [ -d "$dir/release" ]; then
+            cargo clean --quiet --release -p librocksdb-sys --manifest-path "$root/Cargo.toml" \
+                --target-dir "$dir"
+        fi
+    done
 fi

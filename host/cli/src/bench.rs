@@ -494,8 +494,8 @@ impl CountRun {
 
 /// The RocksDB this process runs on, for a summary line: the shared library's path (`null`
 /// when linked in statically) and whether it was built with assertions on. Builds link the
-/// release library `.ci/setup` installs (`host/state/install-rocksdb.sh`), which has them
-/// off; Debian's librocksdb, which a build made without it links, has them on (no
+/// release library `host/state/install-rocksdb.sh` installs, which has them off, where it is
+/// installed; Debian's librocksdb, which a build made without it links, has them on (no
 /// `-DNDEBUG`), and a batch's commit takes about a third longer on it (README, "RocksDB built
 /// with assertions").
 fn rocksdb_library() -> serde_json::Value {
