@@ -10,7 +10,7 @@
 # built with assertions"). This script compiles the RocksDB the `rocksdb` crate's own
 # bindings are generated from (7.9.2, from the `librocksdb-sys` sources `cargo fetch` puts
 # in the registry) with `-DNDEBUG -O2`, and with hardware checksums where this machine's
-# CPU has the instructions. 12–18 minutes on 2 cores, once per machine: the library is kept
+# CPU has the instructions. 10–18 minutes on 2 cores, once per machine: the library is kept
 # in ~/.cache/statebox/rocksdb-release/lib and copied from there.
 #
 # Its soname (librocksdb.so.7.9) differs from Debian's (librocksdb.so.7.8), which stays
@@ -54,7 +54,7 @@ if [ ! -f "$lib" ]; then
     rm -rf "$out/src"
     mkdir -p "$out/lib"
     cp -r "$src" "$out/src"
-    echo "install-rocksdb.sh: building RocksDB $version (12–18 minutes on 2 cores; log: $out/build.log)" >&2
+    echo "install-rocksdb.sh: building RocksDB $version (10–18 minutes on 2 cores; log: $out/build.log)" >&2
     env "${flags[@]}" make -C "$out/src" -j"$(nproc)" shared_lib >"$out/build.log" 2>&1 ||
         { tail -20 "$out/build.log" >&2; echo "install-rocksdb.sh: RocksDB did not build (log: $out/build.log)" >&2; exit 1; }
     cp "$out/src/librocksdb.so.$version" "$lib.tmp"
