@@ -29,12 +29,12 @@ const CALL_KEYS: usize = 256;
 const CALL_BYTES: usize = 4 << 20;
 
 /// A partition's work in one batch.
-pub(crate) struct Job<'a> {
+pub(crate) struct Job {
     pub partition: u16,
     pub instance: Option<Box<dyn PartitionProcessor>>,
-    pub input: PartitionInput<'a>,
+    pub input: PartitionInput,
     /// Initial-state rows, applied before the input (first batch of a new query only).
-    pub initial: PartitionInput<'a>,
+    pub initial: PartitionInput,
 }
 
 /// A partition's successful batch.
@@ -104,7 +104,7 @@ impl Context<'_> {
             .clock(self.times.batch_timestamp_ms, self.times.watermark_ms)
     }
 
-    pub fn run(&self, job: Job<'_>) -> Outcome {
+    pub fn run(&self, job: Job) -> Outcome {
         let Job {
             partition,
             instance,
@@ -173,10 +173,11 @@ impl Context<'_> {
         &self,
         instance: &mut dyn PartitionProcessor,
         batch: &mut PartitionBatch,
-        initial: &PartitionInput<'_>,
+        initial: &PartitionInput,
     ) -> Result<(), Failure> {
+        let rows = initial.rows();
         for group in &initial.groups {
-            for (row, origin) in group.rows.iter().zip(&group.origins) {
+            for (row, origin) in rows[group.rows.clone()].iter().zip(initial.origins(group)) {
                 instance
                     .handle_initial_state(batch, &group.key, row)
                     .map_err(|e| Failure::Call(e, Some(*origin)))?;
@@ -189,9 +190,10 @@ impl Context<'_> {
         &self,
         instance: &mut dyn PartitionProcessor,
         batch: &mut PartitionBatch,
-        input: &PartitionInput<'_>,
+        input: &PartitionInput,
         rows: &mut Vec<String>,
     ) -> Result<(), Failure> {
+        let texts = input.rows();
         let mut rest = &input.groups[..];
         while !rest.is_empty() {
             let mut bytes = 0;
@@ -199,7 +201,7 @@ impl Context<'_> {
                 .iter()
                 .take(CALL_KEYS)
                 .position(|g| {
-                    bytes += g.rows.iter().map(|r| r.len()).sum::<usize>();
+                    bytes += texts[g.rows.clone()].iter().map(|r| r.len()).sum::<usize>();
                     bytes > CALL_BYTES
                 })
                 .unwrap_or(rest.len().min(CALL_KEYS))
@@ -210,7 +212,7 @@ impl Context<'_> {
                 .iter()
                 .map(|g| KeyRows {
                     key: &g.key,
-                    rows: &g.rows,
+                    rows: &texts[g.rows.clone()],
                 })
                 .collect();
             match instance.handle_input_batch(batch, &calls) {
@@ -218,7 +220,7 @@ impl Context<'_> {
                 Err(BatchFailure { entry, error }) => {
                     let origin = match (&error.kind, entry) {
                         (CallErrorKind::BadInputRow { index, .. }, Some(entry)) => {
-                            chunk[entry].origins.get(*index as usize).copied()
+                            input.origins(&chunk[entry]).get(*index as usize).copied()
                         }
                         _ => None,
                     };

@@ -242,7 +242,7 @@ impl Query {
         &self,
         plan: &BatchPlan,
         texts: &[input::Text<'a>],
-    ) -> Result<(Vec<PartitionInput<'a>>, DecodeStats), EngineError> {
+    ) -> Result<(Vec<PartitionInput>, DecodeStats), EngineError> {
         let event_time = match (self.config.time_mode, &self.config.event_time_column) {
             (TimeMode::EventTime, Some(column)) => Some(input::EventTime {
                 column,
@@ -267,7 +267,7 @@ impl Query {
         &self,
         texts: &[input::Text<'a>],
         first_file: usize,
-    ) -> Result<Vec<PartitionInput<'a>>, EngineError> {
+    ) -> Result<Vec<PartitionInput>, EngineError> {
         let scanner = statebox_schema::RowScanner::new(None, self.config.key_columns.clone());
         let (inputs, _) = input::decode(
             texts,
@@ -563,13 +563,13 @@ impl Query {
 
     fn execute(
         &mut self,
-        inputs: Vec<PartitionInput<'_>>,
-        initial: Vec<PartitionInput<'_>>,
+        inputs: Vec<PartitionInput>,
+        initial: Vec<PartitionInput>,
         times: BatchTimes,
         file_names: &[String],
     ) -> Result<Vec<partition::PartitionResult>, EngineError> {
         let workers = self.workers().min(self.instances.len());
-        let mut lanes: Vec<Vec<partition::Job<'_>>> = (0..workers).map(|_| Vec::new()).collect();
+        let mut lanes: Vec<Vec<partition::Job>> = (0..workers).map(|_| Vec::new()).collect();
         let jobs = self.instances.iter_mut().zip(inputs).zip(initial);
         for (p, ((instance, input), initial)) in jobs.enumerate() {
             lanes[p % workers].push(partition::Job {
