@@ -17,10 +17,11 @@ use crate::{
     FileProgress, Query, TimeMode, VariableCounts, partition,
 };
 
-/// A batch's input as its plan names it: the texts the decoded rows borrow, and the
-/// positions the batch commits.
+/// A batch's input as its plan names it: the texts to decode, and the positions the batch
+/// commits.
 struct ReadInput {
-    /// Every text: a record source's first, then the planned file ranges'.
+    /// Every text: a record source's first, then the planned file ranges'. Emptied once
+    /// decoded.
     texts: Vec<String>,
     /// A record source's texts: each with a made-up range (lines count from 1), its name
     /// and the position of each line's record, to name records in errors.
@@ -70,7 +71,7 @@ impl Query {
         let started = Instant::now();
         self.reopen_sink(plan)?;
 
-        let input = self.read_input(plan)?;
+        let mut input = self.read_input(plan)?;
         let texts = self.texts(plan, &input);
         let (inputs, stats) = self
             .decode_input(plan, &texts)
@@ -91,6 +92,11 @@ impl Query {
             .map(|t| t.file_name.clone())
             .collect();
         let keys = inputs.iter().map(|p| p.groups.len() as u64).sum();
+        // The groups hold their own copies of the rows: the texts can go before the calls.
+        drop(texts);
+        drop(initial_texts);
+        drop(initial);
+        input.texts = Vec::new();
         let read_ms = started.elapsed().as_millis() as u64;
 
         let times = BatchTimes {
