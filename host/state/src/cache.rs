@@ -835,6 +835,89 @@ mod tests {
         );
     }
 
+    #[test]
+    fn get_many_answers_keys_of_every_shard_in_order_and_fills_its_misses() {
+        let e = CachedEngine::new(MemEngine::default(), 1 << 20);
+        let mut ks = Vec::new();
+        let mut want = Vec::new();
+        for i in 0..600 {
+            let k = value_key(i);
+            match i % 4 {
+                // A hit.
+                0 => {
+                    put(&e, &k, format!("c{i}").as_bytes());
+                    want.push(Some(format!("c{i}").into_bytes()));
+                }
+                // A miss that finds a value.
+                1 => {
+                    put(&e.inner, &k, format!("b{i}").as_bytes());
+                    want.push(Some(format!("b{i}").into_bytes()));
+                }
+                // A miss that finds none.
+                2 => want.push(None),
+                // A key the cache never holds.
+                _ => {
+                    let k = keys::meta_key(&format!("m{i}"));
+                    put(&e, &k, b"meta");
+                    ks.push(k);
+                    want.push(Some(b"meta".to_vec()));
+                    continue;
+                }
+            }
+            ks.push(k);
+        }
+        let shards: std::collections::HashSet<usize> = ks
+            .iter()
+            .filter(|k| cached(k))
+            .map(|k| e.shard_of(k))
+            .collect();
+        assert_eq!(shards.len(), SHARDS, "the keys are in every shard");
+        let refs: Vec<&[u8]> = ks.iter().map(Vec::as_slice).collect();
+        let mut got = Vec::new();
+        e.get_many(&refs, &mut |i, v| {
+            got.push((i, v.map(<[u8]>::to_vec)));
+            Ok(())
+        })
+        .unwrap();
+        let want: Vec<_> = want.into_iter().enumerate().collect();
+        assert_eq!(got, want);
+        // What the misses found was cached: the backend is no longer asked.
+        for i in (1..600).step_by(4) {
+            put(&e.inner, &value_key(i), b"behind the cache's back");
+            let found = e.get(&value_key(i)).unwrap();
+            assert_eq!(found, Some(format!("b{i}").into_bytes()), "key {i}");
+        }
+    }
+
+    #[test]
+    fn a_write_applies_its_operations_in_order() {
+        let e = CachedEngine::new(MemEngine::default(), 1 << 20);
+        let (start, end) = (value_key(100), value_key(200));
+        let mut batch = WriteBatch::new();
+        for i in 0..300 {
+            batch.put(value_key(i), b"old".to_vec());
+        }
+        // A range over many collections, so over every shard, then puts into it again.
+        batch.delete_range(start.clone(), end.clone());
+        for i in (100..200).step_by(3) {
+            batch.put(value_key(i), b"new".to_vec());
+        }
+        e.write(&batch).unwrap();
+        for i in 0..300 {
+            let k = value_key(i);
+            put(&e.inner, &k, b"behind the cache's back");
+            let want: &[u8] = if !(start <= k && k < end) {
+                b"old"
+            } else if (i - 100) % 3 == 0 {
+                b"new"
+            } else {
+                // Removed from the cache by the range delete: read from the backend.
+                b"behind the cache's back"
+            };
+            assert_eq!(e.get(&k).unwrap().as_deref(), Some(want), "key {i}");
+        }
+    }
+
     /// A backend whose large writes wait for a signal, counting the reads that reach it.
     struct Gated {
         inner: MemEngine,
