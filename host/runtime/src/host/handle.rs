@@ -63,7 +63,7 @@ impl handle::Host for HostView<'_> {
                 &value_schema,
                 ttl_ms,
             ) {
-                Ok(var) => Ok(self.sandbox.table.push(MapStateRes(var))?),
+                Ok(var) => Ok(self.sandbox.table.push(MapStateRes::new(var))?),
                 Err(e) => Err(e),
             },
         )

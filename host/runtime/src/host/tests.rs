@@ -386,6 +386,47 @@ fn map_update_get_remove_and_pages() {
 }
 
 #[test]
+fn map_user_keys_are_checked_and_canonicalized_each_time() {
+    let mut h = host(TimeMode::None);
+    let d = declare(&mut h);
+    let _cp = lend(&mut h);
+    h.begin_call(KEY);
+    let mut v = h.view();
+    let get = |v: &mut HostView<'_>, k: &str| {
+        v.get_value(again(&d.tags), k.into())
+            .unwrap()
+            .map(|found| found.unwrap_or_default())
+    };
+    // The first text a handle sees is checked: "" is no JSON.
+    let (k, _) = kind(get(&mut v, ""));
+    assert_eq!(k, ErrorKind::SchemaMismatch);
+    v.update_value(again(&d.tags), "\"x\"".into(), "1".into())
+        .unwrap()
+        .unwrap();
+    assert_eq!(get(&mut v, "\"x\"").unwrap(), "1", "the same text again");
+    // Other texts of the same key reach the same entry; after each, so does the first.
+    for text in ["\"\\u0078\"", " \"x\" ", "\"x\""] {
+        assert_eq!(get(&mut v, text).unwrap(), "1", "{text}");
+    }
+    // A text that fails is not kept: it fails every time, and the key before it still works.
+    for _ in 0..2 {
+        let (k, _) = kind(get(&mut v, "1"));
+        assert_eq!(k, ErrorKind::SchemaMismatch);
+    }
+    assert_eq!(get(&mut v, "\"x\"").unwrap(), "1");
+    v.update_value(again(&d.tags), "\"y\"".into(), "2".into())
+        .unwrap()
+        .unwrap();
+    assert_eq!(get(&mut v, "\"y\"").unwrap(), "2");
+    assert_eq!(get(&mut v, "\"x\"").unwrap(), "1");
+    v.remove_key(again(&d.tags), "\"x\"".into())
+        .unwrap()
+        .unwrap();
+    assert_eq!(get(&mut v, "\"x\"").unwrap(), "", "removed");
+    assert_eq!(get(&mut v, "\"y\"").unwrap(), "2");
+}
+
+#[test]
 fn declarations_are_checked() {
     let mut h = host(TimeMode::None);
     let d = declare(&mut h);

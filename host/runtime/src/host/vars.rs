@@ -5,7 +5,7 @@ use wasmtime::component::Resource;
 
 use super::HostView;
 use super::state::{
-    JsonIteratorRes, JsonSource, ListStateRes, MapIteratorRes, MapStateRes, ValueStateRes, user_key,
+    JsonIteratorRes, JsonSource, ListStateRes, MapIteratorRes, MapStateRes, ValueStateRes,
 };
 use crate::bindings::statebox::processor::state;
 use crate::bindings::statebox::processor::types::{self, StateError};
@@ -23,6 +23,15 @@ impl HostView<'_> {
     /// traps.
     fn var<T: 'static>(&self, res: &Resource<T>) -> wasmtime::Result<&T> {
         Ok(self.sandbox.table.get(res)?)
+    }
+
+    /// `json`'s canonical form as a user key of the map behind `map`.
+    fn map_user_key(
+        &mut self,
+        map: &Resource<MapStateRes>,
+        json: &str,
+    ) -> wasmtime::Result<Result<Vec<u8>, StateError>> {
+        Ok(self.sandbox.table.get_mut(map)?.user_key(json))
     }
 
     /// Adds an iterator to the table, unless the instance holds too many already.
@@ -193,7 +202,7 @@ impl state::HostMapState for HostView<'_> {
         user_key_json: String,
     ) -> wasmtime::Result<Result<Option<String>, StateError>> {
         let var = self.var(&this)?.0.clone();
-        let uk = match user_key(&var, &user_key_json) {
+        let uk = match self.map_user_key(&this, &user_key_json)? {
             Ok(k) => k,
             Err(e) => return Ok(Err(e)),
         };
@@ -210,7 +219,7 @@ impl state::HostMapState for HostView<'_> {
         user_key_json: String,
     ) -> wasmtime::Result<Result<bool, StateError>> {
         let var = self.var(&this)?.0.clone();
-        let uk = match user_key(&var, &user_key_json) {
+        let uk = match self.map_user_key(&this, &user_key_json)? {
             Ok(k) => k,
             Err(e) => return Ok(Err(e)),
         };
@@ -226,7 +235,7 @@ impl state::HostMapState for HostView<'_> {
         value: String,
     ) -> wasmtime::Result<Result<(), StateError>> {
         let var = self.var(&this)?.0.clone();
-        let uk = match user_key(&var, &user_key_json).and_then(|uk| {
+        let uk = match self.map_user_key(&this, &user_key_json)?.and_then(|uk| {
             self.state.count_written(uk.len())?;
             Ok(uk)
         }) {
@@ -248,7 +257,7 @@ impl state::HostMapState for HostView<'_> {
         user_key_json: String,
     ) -> wasmtime::Result<Result<(), StateError>> {
         let var = self.var(&this)?.0.clone();
-        let uk = match user_key(&var, &user_key_json) {
+        let uk = match self.map_user_key(&this, &user_key_json)? {
             Ok(k) => k,
             Err(e) => return Ok(Err(e)),
         };
