@@ -28,6 +28,10 @@ const CALL_KEYS: usize = 256;
 /// memory at once. A key's rows always go in one call, however large.
 const CALL_BYTES: usize = 4 << 20;
 
+/// Most variables per key the write buffer is sized for at the start of a batch: a
+/// processor with more rarely writes them all for every key, and the buffer grows anyway.
+const RESERVED_VARS_PER_KEY: usize = 4;
+
 /// A partition's work in one batch.
 pub(crate) struct Job {
     pub partition: u16,
@@ -129,6 +133,10 @@ impl Context<'_> {
             }
         };
         let mut txn = self.checkpoint.txn(partition);
+        // Room for a write of each declared variable (up to a few) of each of the batch's
+        // keys, made once: growing the write buffer step by step rehashed it each time.
+        let vars = self.catalog.lock().map_or(0, |c| c.vars().count());
+        txn.reserve(input.groups.len() * vars.min(RESERVED_VARS_PER_KEY));
         txn.set_time_floor(self.time_floor);
         // Reads hide, and writes expire against, the same clock timers fire against.
         txn.set_ttl_clock(self.clock());

@@ -173,6 +173,14 @@ impl<V: Default> PrefixMap<V> {
         }
     }
 
+    /// Makes room for `additional` more entries, so inserting them does not grow the
+    /// table (each growth rehashes every entry in it).
+    pub(crate) fn reserve(&mut self, additional: usize) {
+        let hasher = &self.hasher;
+        self.table
+            .reserve(additional, |(k, _)| hasher.hash_one(k.as_slice()));
+    }
+
     /// Every entry, ascending by key, consumed.
     pub(crate) fn into_sorted(self) -> Vec<(SmallBytes, V)> {
         let mut all: Vec<(SmallBytes, V)> = self.table.into_iter().collect();

@@ -618,6 +618,14 @@ impl PartitionTxn {
         Ok(removed)
     }
 
+    /// Makes room for writes to `vars` (variable, grouping key) pairs, when the caller
+    /// knows about how many the batch will write: buffering them then does not grow (and
+    /// rehash) the write buffer again and again as the batch goes.
+    pub fn reserve(&mut self, vars: usize) {
+        self.check_open();
+        self.overlay.vars.reserve(vars);
+    }
+
     /// Number of point writes buffered (for metrics and memory bounds).
     pub fn pending_writes(&self) -> usize {
         match &self.sealed {
