@@ -152,6 +152,24 @@ fn value_read_your_writes_and_commit(mut fx: Fixture) {
     assert_eq!(fx.cp().txn(0).value_get(1, b"k").unwrap(), None);
 }
 
+fn reserving_room_is_a_hint(mut fx: Fixture) {
+    let mut txn = fx.cp().txn(0);
+    txn.reserve(1000);
+    // Room that cannot be allocated is not made, and nothing fails.
+    txn.reserve(usize::MAX);
+    for i in 0..100 {
+        let key = format!("k{i}");
+        txn.value_put(1, key.as_bytes(), v(&i.to_string())).unwrap();
+        txn.list_append(2, key.as_bytes(), vec![v("a")]).unwrap();
+    }
+    assert_eq!(txn.value_get(1, b"k7").unwrap(), Some(v("7")));
+    fx.commit(vec![txn]);
+    fx.reopen();
+    let txn = fx.cp().txn(0);
+    assert_eq!(txn.value_get(1, b"k99").unwrap(), Some(v("99")));
+    assert!(txn.list_exists(2, b"k0").unwrap());
+}
+
 fn uncommitted_writes_are_invisible(fx: Fixture) {
     let mut txn = fx.cp().txn(0);
     txn.value_put(1, b"k", v("1")).unwrap();
@@ -1430,6 +1448,7 @@ conformance!(
     changelog_keeps_the_last_batches_only,
     changelog_before_images_rebuild_every_earlier_batch,
     get_many_reads_keys_in_order_across_chunks,
+    reserving_room_is_a_hint,
 );
 
 #[test]

@@ -174,11 +174,14 @@ impl<V: Default> PrefixMap<V> {
     }
 
     /// Makes room for `additional` more entries, so inserting them does not grow the
-    /// table (each growth rehashes every entry in it).
+    /// table (each growth rehashes every entry in it). A hint: if the room cannot be had,
+    /// nothing changes.
     pub(crate) fn reserve(&mut self, additional: usize) {
         let hasher = &self.hasher;
-        self.table
-            .reserve(additional, |(k, _)| hasher.hash_one(k.as_slice()));
+        // Failing is harmless: inserts grow the table as they need.
+        let _ = self
+            .table
+            .try_reserve(additional, |(k, _)| hasher.hash_one(k.as_slice()));
     }
 
     /// Every entry, ascending by key, consumed.

@@ -620,7 +620,8 @@ impl PartitionTxn {
 
     /// Makes room for writes to `vars` (variable, grouping key) pairs, when the caller
     /// knows about how many the batch will write: buffering them then does not grow (and
-    /// rehash) the write buffer again and again as the batch goes.
+    /// rehash) the write buffer again and again as the batch goes. A hint: room that cannot
+    /// be allocated is not made.
     pub fn reserve(&mut self, vars: usize) {
         self.check_open();
         self.overlay.vars.reserve(vars);
