@@ -632,13 +632,11 @@ mod tests {
         assert_eq!(e.cached_bytes(), k.len() + ENTRY_OVERHEAD);
         put(&e.inner, &k, b"behind the cache's back");
         assert_eq!(e.get(&k).unwrap(), None, "a cached absence");
-        let mut found = Vec::new();
-        e.get_many(&[&k], &mut |_, v| {
-            found.push(v.map(<[u8]>::to_vec));
-            Ok(())
-        })
-        .unwrap();
-        assert_eq!(found, vec![None], "get_many answers it from the cache too");
+        assert_eq!(
+            get_many(&e, std::slice::from_ref(&k)),
+            vec![(0, None)],
+            "get_many answers it from the cache too"
+        );
         put(&e, &k, b"v2");
         assert_eq!(e.get(&k).unwrap().as_deref(), Some(&b"v2"[..]));
         assert_eq!(e.cached_bytes(), k.len() + 2 + ENTRY_OVERHEAD);
@@ -809,6 +807,18 @@ mod tests {
         assert_eq!(e.get(&a).unwrap().as_deref(), Some(&b"a0"[..]));
     }
 
+    /// What `get_many` answers for `keys`, in the order it answers.
+    fn get_many(e: &impl KvEngine, keys: &[Vec<u8>]) -> Vec<(usize, Option<Vec<u8>>)> {
+        let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        let mut got = Vec::new();
+        e.get_many(&refs, &mut |i, v| {
+            got.push((i, v.map(<[u8]>::to_vec)));
+            Ok(())
+        })
+        .unwrap();
+        got
+    }
+
     #[test]
     fn get_many_mixes_hits_misses_and_uncached_keys_in_order() {
         let e = CachedEngine::new(MemEngine::default(), 1 << 20);
@@ -817,15 +827,8 @@ mod tests {
         put(&e.inner, &value_key(2), b"two");
         put(&e, &meta, b"meta");
         let ks = [value_key(1), value_key(2), value_key(3), meta];
-        let refs: Vec<&[u8]> = ks.iter().map(Vec::as_slice).collect();
-        let mut got = Vec::new();
-        e.get_many(&refs, &mut |i, v| {
-            got.push((i, v.map(<[u8]>::to_vec)));
-            Ok(())
-        })
-        .unwrap();
         assert_eq!(
-            got,
+            get_many(&e, &ks),
             vec![
                 (0, Some(b"one".to_vec())),
                 (1, Some(b"two".to_vec())),
@@ -872,15 +875,8 @@ mod tests {
             .map(|k| e.shard_of(k))
             .collect();
         assert_eq!(shards.len(), SHARDS, "the keys are in every shard");
-        let refs: Vec<&[u8]> = ks.iter().map(Vec::as_slice).collect();
-        let mut got = Vec::new();
-        e.get_many(&refs, &mut |i, v| {
-            got.push((i, v.map(<[u8]>::to_vec)));
-            Ok(())
-        })
-        .unwrap();
         let want: Vec<_> = want.into_iter().enumerate().collect();
-        assert_eq!(got, want);
+        assert_eq!(get_many(&e, &ks), want);
         // What the misses found was cached: the backend is no longer asked.
         for i in (1..600).step_by(4) {
             put(&e.inner, &value_key(i), b"behind the cache's back");
