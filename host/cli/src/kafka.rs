@@ -1,7 +1,7 @@
 //! `statebox run` with Kafka: the `kafka://` input and output and their settings.
 
 use clap::Args;
-use statebox_engine::Endpoints;
+use statebox_engine::{Endpoints, QueryOptions};
 use statebox_kafka::{
     Column, Delivery, InputSettings, KafkaUrl, OutputSettings, QueryShape, SinkOptions,
     SourceOptions, StartingOffsets,
@@ -66,6 +66,19 @@ pub(crate) struct Wiring<'a> {
     pub event_time: Option<&'a str>,
     /// Trigger `available-now`: read up to the end offsets seen at start.
     pub bounded: bool,
+}
+
+impl<'a> Wiring<'a> {
+    /// The wiring of a query with `opts`; `bounded` for trigger `available-now`.
+    pub(crate) fn of(opts: &'a QueryOptions, bounded: bool) -> Self {
+        Wiring {
+            input: &opts.input,
+            output: &opts.output,
+            key_columns: &opts.key_columns,
+            event_time: opts.event_time.as_ref().map(|e| e.column.as_str()),
+            bounded,
+        }
+    }
 }
 
 /// The engine endpoints for `kafka://` inputs and outputs (none for files), refusing

@@ -429,13 +429,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     let endpoints = kafka::endpoints(
         &args.kafka,
-        kafka::Wiring {
-            input: &opts.input,
-            output: &opts.output,
-            key_columns: &opts.key_columns,
-            event_time: opts.event_time.as_ref().map(|e| e.column.as_str()),
-            bounded: matches!(args.trigger, Trigger::AvailableNow),
-        },
+        kafka::Wiring::of(&opts, matches!(args.trigger, Trigger::AvailableNow)),
     )?;
     let mut query = Query::open_with(opts, Arc::new(processor), endpoints)?;
     let progress_json = args.progress_json;
@@ -537,16 +531,7 @@ fn run_group(
     if opts.initial_state.is_some() {
         anyhow::bail!("--initial-state is not supported with --group");
     }
-    let (input, source, sink) = kafka::task_options(
-        &args.kafka,
-        kafka::Wiring {
-            input: &opts.input,
-            output: &opts.output,
-            key_columns: &opts.key_columns,
-            event_time: opts.event_time.as_ref().map(|e| e.column.as_str()),
-            bounded: false,
-        },
-    )?;
+    let (input, source, sink) = kafka::task_options(&args.kafka, kafka::Wiring::of(&opts, false))?;
     let url = args.cluster.state_store.clone().expect("clap requires it");
     let store = statebox_cluster::StateStore::open(&url)
         .with_context(|| format!("cannot open the state store {url}"))?;
