@@ -19,32 +19,16 @@ the file sink committed (each row counts its key's events of one batch).
 """
 
 import argparse
-import importlib.util
-import inspect
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
-
-def load_processor(path):
-    spec = importlib.util.spec_from_file_location("counter_processor", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    from pyspark.sql.streaming import StatefulProcessor
-
-    classes = [
-        obj
-        for obj in vars(module).values()
-        if inspect.isclass(obj)
-        and issubclass(obj, StatefulProcessor)
-        and obj is not StatefulProcessor
-        and obj.__module__ == module.__name__
-    ]
-    if len(classes) != 1:
-        sys.exit(f"{path}: expected one StatefulProcessor subclass, found {len(classes)}")
-    return module, classes[0]
+# Loading the processor file and the Spark session are shared with the Python SDK's
+# PySpark comparison (standard library only at import time).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "guest-sdk" / "python"))
+from spark_compare import load_processor, spark_session  # noqa: E402
 
 
 def main():
@@ -70,25 +54,7 @@ def main():
         os.utime(f, (base + i, base + i))
 
     module, cls = load_processor(args.processor)
-    # Spark starts its Python workers with `python3` from PATH unless told: they must be this
-    # venv's interpreter, which has PySpark's dependencies (protobuf, grpcio, pandas, pyarrow).
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    spark = (
-        SparkSession.builder.master(f"local[{args.cores}]")
-        .appName("statebox-bench-peers")
-        .config("spark.sql.shuffle.partitions", str(args.partitions))
-        .config(
-            "spark.sql.streaming.stateStore.providerClass",
-            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
-        )
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = spark_session("statebox-bench-peers", args.cores, args.partitions)
     df = (
         spark.readStream.schema("key string, value long")
         .option("maxFilesPerTrigger", 1)

@@ -74,6 +74,32 @@ def load_processor(path):
     return module, classes[0]
 
 
+def spark_session(app_name, cores, partitions):
+    """A local Spark session as Statebox is compared with: `local[cores]`, `partitions`
+    shuffle (state) partitions, the RocksDB state store provider, UTC, no UI, errors only.
+    Spark's Python workers run this interpreter (it has PySpark's dependencies: protobuf,
+    grpcio, pandas, pyarrow) unless PYSPARK_PYTHON names another; by default Spark starts
+    them with `python3` from PATH."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master(f"local[{cores}]")
+        .appName(app_name)
+        .config("spark.sql.shuffle.partitions", str(partitions))
+        .config(
+            "spark.sql.streaming.stateStore.providerClass",
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        )
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
 def output_schema_of(module, cls):
     for holder in (module, cls):
         for name in ("OUTPUT_SCHEMA", "outputSchema", "output_schema"):
@@ -172,27 +198,13 @@ def infer_schema(files):
 
 
 def run_spark(processor_file, files, keys, time_mode, output_mode, work):
-    from pyspark.sql import SparkSession
-
     module, cls = load_processor(processor_file)
     output_schema = output_schema_of(module, cls)
     input_schema = getattr(module, "INPUT_SCHEMA", None) or infer_schema(files)
     if isinstance(input_schema, str) and any(k not in input_schema for k in keys):
         input_schema = infer_schema(files)
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("statebox-spark-compare")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config(
-            "spark.sql.streaming.stateStore.providerClass",
-            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
-        )
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = spark_session("statebox-spark-compare", cores=2, partitions=2)
     input_dir = work / "spark-input"
     input_dir.mkdir()
     # Spark's file source takes files in modification-time order: make it the name order.
