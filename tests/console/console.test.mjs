@@ -304,9 +304,16 @@ async function run(page) {
   await page.locator('[role="tab"][aria-selected="true"]', { hasText: 'Output' }).waitFor();
 
   log('an event-time pipeline charts its watermark gap');
+  // The list of processors answers late here: a click before it must still offer them.
+  const slowProcessors = async (route) => {
+    await new Promise((r) => setTimeout(r, 1500));
+    await route.continue();
+  };
+  await page.route('**/v1/processors', slowProcessors);
   await page.locator('header nav').getByRole('link', { name: 'Pipelines' }).click();
   await page.getByRole('button', { name: 'New pipeline', exact: true }).click();
   await page.locator('dialog input[name="key"]').fill('k');
+  await page.unroute('**/v1/processors', slowProcessors);
   const counterProcessor = (await api(tokenA, 'GET', '/v1/processors')).processors.find((p) => p.name === 'counter').id;
   await page.locator('dialog select[name="processor"]').selectOption(counterProcessor);
   await page.locator('dialog input[name="name"]').fill('eventtime-demo');

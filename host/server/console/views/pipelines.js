@@ -29,7 +29,8 @@ export async function pipelinesView(main, queryString) {
     status,
     h('section', { class: 'card' }, list));
 
-  let processors = [];
+  // Null until the server has answered: a click before that must not offer an empty list.
+  let processors = null;
   async function refresh(force = true) {
     // The periodic refresh waits while the keyboard is in the table, so focus is not lost.
     if (!force && list.contains(document.activeElement)) return;
@@ -73,7 +74,15 @@ export async function pipelinesView(main, queryString) {
     }, running ? 'Stop' : 'Start');
   }
 
-  function createDialog() {
+  async function createDialog() {
+    if (processors === null) {
+      try {
+        processors = (await get('/v1/processors')).processors;
+      } catch (err) {
+        fill(status, errorBox(err, 'Cannot list the processors'));
+        return;
+      }
+    }
     const form = createForm(processors, params.get('processor'), (created) => {
       d.close();
       notify(`Pipeline ${created.id} created`);
@@ -85,7 +94,7 @@ export async function pipelinesView(main, queryString) {
   every(2000, () => refresh(false), main);
   if (params.get('processor')) {
     await refresh();
-    createDialog();
+    await createDialog();
   }
 }
 
