@@ -176,6 +176,27 @@ fn serve_kafka_brokers_must_be_granted_and_client_options_allowed() {
         ),
     )
     .error(400, &["sink.kafka.delivery"]);
+    // The counter outputs `key` and `count`: a record key of the grouping column `user`
+    // (the default) could never be built, so the pipeline is refused before any batch.
+    a.post(
+        "/v1/pipelines",
+        &spec(
+            json!("http"),
+            json!({"kafka": {"brokers": "127.0.0.1:19092", "topic": "counts"}}),
+        ),
+    )
+    .error(
+        400,
+        &["sink.kafka.key", "is not set", "`user`", "`key`, `count`"],
+    );
+    a.post(
+        "/v1/pipelines",
+        &spec(
+            json!("http"),
+            json!({"kafka": {"brokers": "127.0.0.1:19092", "topic": "counts", "key": ["key", "n"]}}),
+        ),
+    )
+    .error(400, &["sink.kafka.key", "no output column `n`"]);
 
     // Only the admin grants, and the grant is stored with the tenant.
     let id = a.get("/v1/tenant").ok()["id"].as_str().unwrap().to_owned();
@@ -280,6 +301,22 @@ fn serve_kafka_pipelines_count_a_topic_into_a_topic_and_into_the_output_log() {
         .map(|c| c["input_rows"].as_u64().unwrap())
         .sum();
     assert_eq!(read, 2_000, "{progress}");
+    // An upgrade to a processor without the record key's column `key` is refused, and the
+    // pipeline keeps its processor.
+    let tracker = a.processor(guests::SESSION_TRACKER);
+    a.put(
+        &format!("/v1/pipelines/{to_topic}/processor"),
+        &json!({"processor": tracker}),
+    )
+    .error(
+        409,
+        &[
+            "sink.kafka.key",
+            "no output column `key`",
+            "keeps its current processor",
+        ],
+    );
+    assert_eq!(a.status(&to_topic)["processor"], json!(p));
 
     // Records produced later are consumed on the trigger, and after a stop and a start the
     // pipeline resumes at the checkpoint's offsets.

@@ -150,7 +150,8 @@ impl KafkaSink {
             let v = fields.get(c).ok_or_else(|| {
                 EngineError::Config(format!(
                     "an output row has no column `{c}` for the Kafka record key; name the \
-                     key's columns with --output-key (the default is the grouping key)"
+                     key's output columns (`statebox run --output-key`, or the sink's `key` \
+                     in a server pipeline; the default is the grouping key)"
                 ))
             })?;
             values.push(v.get());

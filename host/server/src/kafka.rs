@@ -301,6 +301,48 @@ pub(crate) fn check_spec(
     Ok(())
 }
 
+/// Why a Kafka sink's record key cannot be built from processor `processor`'s output rows
+/// (schema `output_schema`), if it cannot: a key column (by default the pipeline's grouping
+/// columns, `key`) that is not an output column. Output rows are checked against that
+/// schema, so such a key would fail every batch.
+pub(crate) fn sink_key_missing(
+    sink: &SinkSpec,
+    key: &[String],
+    processor: &str,
+    output_schema: &str,
+) -> Option<String> {
+    let SinkSpec::Kafka(k) = sink else {
+        return None;
+    };
+    let schema = statebox_schema::Schema::parse_ddl(output_schema).ok()?;
+    let fields = schema.as_struct().filter(|s| !s.fields.is_empty())?;
+    let (columns, default) = if k.key.is_empty() {
+        (key, true)
+    } else {
+        (k.key.as_slice(), false)
+    };
+    let missing = columns.iter().find(|c| fields.field(c).is_none())?;
+    let have = quoted(
+        &fields
+            .fields
+            .iter()
+            .map(|f| f.name.clone())
+            .collect::<Vec<_>>(),
+    );
+    Some(if default {
+        format!(
+            "`sink.kafka.key` is not set, so each record's key is the grouping column \
+             `{missing}`, which processor `{processor}` does not output (its columns: {have}); \
+             set `sink.kafka.key` to output columns"
+        )
+    } else {
+        format!(
+            "`sink.kafka.key`: processor `{processor}` has no output column `{missing}` (its \
+             columns: {have})"
+        )
+    })
+}
+
 /// The starting offsets of a source, checked.
 fn starting_offsets(k: &KafkaSourceSpec) -> Result<statebox_kafka::StartingOffsets> {
     use statebox_kafka::StartingOffsets;
@@ -704,6 +746,34 @@ mod tests {
         let granted = vec!["a:1".to_owned(), "b:2".to_owned()];
         assert_eq!(ungranted(&granted, &s, &sink), Some("c:3"));
         assert_eq!(ungranted(&granted, &s, &SinkSpec::Output), None);
+    }
+
+    #[test]
+    fn a_sink_key_must_be_made_of_output_columns() {
+        let key = ["user".to_owned()];
+        let sink = |key: Value| {
+            serde_json::from_value::<SinkSpec>(
+                json!({"kafka": {"brokers": "h:1", "topic": "t", "key": key}}),
+            )
+            .unwrap()
+        };
+        let output = "key string, count long";
+        let missing = |s: &SinkSpec, schema: &str| sink_key_missing(s, &key, "pr_c", schema);
+        assert_eq!(missing(&SinkSpec::Output, output), None);
+        assert_eq!(missing(&sink(json!(["key"])), output), None);
+        assert_eq!(missing(&sink(json!(["count", "key"])), output), None);
+        let default = missing(&sink(json!([])), output).unwrap();
+        assert!(
+            default.contains("is not set") && default.contains("`user`"),
+            "{default}"
+        );
+        assert!(default.contains("`key`, `count`"), "{default}");
+        let named = missing(&sink(json!(["key", "n"])), output).unwrap();
+        assert!(named.contains("no output column `n`"), "{named}");
+        // Grouped by an output column, the default key is fine.
+        assert_eq!(missing(&sink(json!([])), "user string, n long"), None);
+        // An output that is not a list of columns is not checked here.
+        assert_eq!(missing(&sink(json!(["key"])), "long"), None);
     }
 
     #[test]

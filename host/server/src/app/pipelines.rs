@@ -183,6 +183,14 @@ impl App {
                 .cloned()
                 .ok_or_else(|| AppError::not_found("processor", &spec.processor))?;
             drop(registry);
+            if let Some(why) = crate::kafka::sink_key_missing(
+                &spec.sink,
+                &key,
+                &processor.id,
+                &processor.output_schema,
+            ) {
+                return Err(AppError::bad_input(why));
+            }
             let reserved = self
                 .reserve(tenant, "pipelines", stored, quotas.max_pipelines)
                 .map_err(|count| {
@@ -451,6 +459,14 @@ impl App {
         let new = self
             .processor_record(tenant, processor)
             .map_err(|_| AppError::not_found("processor", processor))?;
+        if let Some(why) =
+            crate::kafka::sink_key_missing(&record.sink, &record.key, &new.id, &new.output_schema)
+        {
+            return Err(AppError::IncompatibleProcessor {
+                message: format!("{why}; the pipeline keeps its current processor"),
+                report: None,
+            });
+        }
         let mut upgraded = record.clone();
         upgraded.processor = new.id.clone();
         // An outbound-HTTP grant was given for the component the pipeline ran; another
