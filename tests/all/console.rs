@@ -3,7 +3,10 @@
 //! with real processors. The script logs in, uploads by drag and drop, creates pipelines,
 //! ingests, watches the charts and the output update, browses state at an old batch, runs
 //! SQL, is refused an incompatible upgrade, and checks that tenant B never sees tenant A's
-//! objects; the browser console must show no errors beyond the ones the steps provoke.
+//! objects; the admin grants a Kafka broker (a real one, tansu) and the tenant creates a
+//! pipeline from a topic to a topic in the form, whose output topic then holds every
+//! record counted once. The browser console must show no errors beyond the ones the steps
+//! provoke.
 //!
 //! `tests/console/setup.sh` (run by `.ci/setup`) installs chromium and playwright-core.
 //! `tests/console/screenshots.sh` reruns this test with `STATEBOX_SCREENSHOTS` set to
@@ -17,6 +20,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use statebox_tests::kafka::{Broker, counted_per_key, rows_per_key};
 use statebox_tests::{Scratch, component_cache, guests, statebox_bin, wait_for};
 
 const ADMIN: &str = "console-admin-token-0123456789abcdef";
@@ -101,6 +105,17 @@ fn the_console_drives_tenants_pipelines_state_and_upgrades_in_a_real_browser() {
     let chromium = chromium();
     let scratch = Scratch::new();
     let server = Server::start(&scratch.path().join("data"));
+    // The rows a Kafka pipeline created in the form counts: waiting in their topic.
+    let broker = Broker::start();
+    broker.create_topic("clicks", 2);
+    broker.create_topic("counts", 2);
+    let rows: Vec<(String, Value)> = (0..300)
+        .map(|n| {
+            let user = format!("u{}", n % 17);
+            (user.clone(), json!({"user": user, "n": n}))
+        })
+        .collect();
+    broker.produce("clicks", &rows);
     let mut cmd = Command::new("node");
     cmd.arg(dir.join("console.test.mjs"))
         .current_dir(&dir)
@@ -108,6 +123,8 @@ fn the_console_drives_tenants_pipelines_state_and_upgrades_in_a_real_browser() {
         .env("STATEBOX_ADMIN_TOKEN", ADMIN)
         .env("STATEBOX_CHROMIUM", &chromium)
         .env("STATEBOX_COUNTER_WASM", guests::COUNTER)
+        .env("STATEBOX_KAFKA_BROKER", &broker.addr)
+        .env("STATEBOX_KAFKA_ROWS", rows.len().to_string())
         .env(
             "STATEBOX_PROFILE_V1_WASM",
             env!("STATEBOX_GUEST_USER_PROFILE_V1"),
@@ -160,6 +177,12 @@ fn the_console_drives_tenants_pipelines_state_and_upgrades_in_a_real_browser() {
         std::fs::read_to_string(&server.log).unwrap_or_default()
     );
     assert!(out.contains("ok: every step passed"), "{out}");
+    // The pipeline the form created wrote each batch's counts to `counts`, in transactions.
+    assert_eq!(
+        counted_per_key(&broker.read_all("counts", "read_committed")),
+        rows_per_key(&rows),
+        "the Kafka pipeline created in the console did not count every record once"
+    );
 }
 
 /// A request: status and parsed body.

@@ -1,7 +1,9 @@
 // Browser tests of the statebox serve web console: Debian's chromium driven by
 // playwright-core. Run by tests/all/console.rs, which starts `statebox serve` and passes:
 //   STATEBOX_URL, STATEBOX_ADMIN_TOKEN, STATEBOX_COUNTER_WASM, STATEBOX_PROFILE_V1_WASM,
-//   STATEBOX_PROFILE_V2_WASM, STATEBOX_PROFILE_V3_WASM, and optionally
+//   STATEBOX_PROFILE_V2_WASM, STATEBOX_PROFILE_V3_WASM, STATEBOX_KAFKA_BROKER (a broker
+//   whose topic `clicks` holds STATEBOX_KAFKA_ROWS counter rows keyed by `user`, and whose
+//   topic `counts` the test reads back afterwards), and optionally
 //   STATEBOX_SCREENSHOTS (a directory: the main pages are saved there as PNGs).
 // Every step waits for what a person would see; any failure exits non-zero with the step.
 
@@ -21,6 +23,8 @@ const COUNTER = env('STATEBOX_COUNTER_WASM');
 const V1 = env('STATEBOX_PROFILE_V1_WASM');
 const V2 = env('STATEBOX_PROFILE_V2_WASM');
 const V3 = env('STATEBOX_PROFILE_V3_WASM');
+const KAFKA = env('STATEBOX_KAFKA_BROKER');
+const KAFKA_ROWS = Number(env('STATEBOX_KAFKA_ROWS'));
 const SHOTS = process.env.STATEBOX_SCREENSHOTS || null;
 const CHROMIUM = process.env.STATEBOX_CHROMIUM || '/usr/bin/chromium';
 
@@ -419,6 +423,49 @@ async function run(page) {
   await page.keyboard.press('Escape');
   await api(second, 'GET', '/v1/tenant');
   await shot(page, 'admin');
+
+  log('the admin grants tenant A a Kafka broker');
+  await acme.getByRole('button', { name: 'Kafka brokers…' }).click();
+  await page.locator('dialog input[name="brokers"]').fill(KAFKA);
+  await page.locator('dialog').getByRole('button', { name: 'Grant' }).click();
+  await waitText(acme.locator('.kafka-brokers'), new RegExp(KAFKA.replace(/\./g, '\\.')));
+  if (JSON.stringify((await api(tokenA, 'GET', '/v1/tenant')).kafka_brokers) !== JSON.stringify([KAFKA])) throw new Error('the Kafka grant was not stored');
+  await logout(page);
+
+  log('tenant A creates a pipeline from a Kafka topic to a Kafka topic in the form');
+  await login(page, tokenA);
+  await page.getByRole('button', { name: 'New pipeline', exact: true }).click();
+  await page.locator('dialog select[name="processor"]').selectOption(counterProcessor);
+  await page.locator('dialog input[name="key"]').fill('user');
+  await page.locator('dialog input[name="name"]').fill('kafka-counts');
+  await page.locator('dialog input[name="trigger_interval_ms"]').fill('200');
+  if (await page.locator('dialog fieldset.kafka').isVisible()) throw new Error('Kafka fields shown for an HTTP pipeline');
+  await page.locator('dialog select[name="source"]').selectOption('kafka');
+  // The broker granted is offered.
+  if (await page.locator('dialog input[name="kafka_brokers"]').inputValue() !== KAFKA) throw new Error('the granted broker is not filled in');
+  await page.locator('dialog input[name="kafka_topics"]').fill('clicks');
+  await page.locator('dialog select[name="sink"]').selectOption('kafka');
+  await page.locator('dialog input[name="kafka_topic"]').fill('counts');
+  // The counter's rows are {key, count}: the grouping column `user` is not among them.
+  await page.locator('dialog input[name="kafka_key"]').fill('key');
+  await shot(page, 'kafka-form');
+  await page.locator('dialog').getByRole('button', { name: 'Create and start' }).click();
+  await page.waitForURL(/#\/pipelines\/pl_/);
+  const kafkaId = page.url().match(/#\/pipelines\/(pl_[^/]+)/)[1];
+  const created = await api(tokenA, 'GET', `/v1/pipelines/${kafkaId}`);
+  const source = created.source && created.source.kafka;
+  const sink = created.sink && created.sink.kafka;
+  if (!source || JSON.stringify(source.topics) !== '["clicks"]' || source.starting_offsets !== 'earliest') throw new Error(`not the Kafka source asked for: ${JSON.stringify(created.source)}`);
+  if (!sink || sink.topic !== 'counts' || JSON.stringify(sink.key) !== '["key"]' || sink.delivery !== 'exactly-once') throw new Error(`not the Kafka sink asked for: ${JSON.stringify(created.sink)}`);
+  await until('every record of the topic processed', async () => (await processed(page)) === KAFKA_ROWS, 60_000)
+    .catch(async (e) => {
+      const p = await api(tokenA, 'GET', `/v1/pipelines/${kafkaId}`);
+      throw new Error(`${e.message}; the pipeline: ${JSON.stringify(p.status)} ${p.failure || ''}`);
+    });
+  await tab(page, 'Ingest');
+  await waitText(page.locator('main'), /reads the Kafka topic clicks on/);
+  await tab(page, 'Output');
+  await waitText(page.locator('main'), /writes its output to the Kafka topic counts on/);
 }
 
 main().then(() => {

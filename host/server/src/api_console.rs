@@ -310,6 +310,7 @@ async fn usage(State(app): State<Arc<App>>, _admin: Admin) -> axum::Json<Value> 
                 "created_ms": t.created_ms,
                 "quotas": t.quotas,
                 "tokens": t.tokens.iter().map(|k| json!({"id": k.id, "created_ms": k.created_ms})).collect::<Vec<_>>(),
+                "kafka_brokers": t.kafka_brokers,
                 "usage": {
                     "processors": processors.iter().filter(|p| p.tenant == t.id).count(),
                     "pipelines": own.len(),

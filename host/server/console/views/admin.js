@@ -1,5 +1,5 @@
 // The admin's view: tenants with their quotas and usage, creating tenants, issuing tokens,
-// changing quotas and granting pipelines outbound HTTP.
+// changing quotas, granting tenants Kafka brokers and granting pipelines outbound HTTP.
 
 import { get, post, put, patch, seg } from '../api.js';
 import { h, fill, field, table, empty, errorBox, loading, notify, badge, dialog, secret, fmtBytes, fmtInt, fmtMs, fmtAgo } from '../ui.js';
@@ -43,14 +43,19 @@ export async function adminView(main) {
         h('h2', {}, t.name, ' ', h('code', { class: 'dim small' }, t.id)),
         h('div', { class: 'actions' },
           h('button', { type: 'button', onclick: () => issueToken(t) }, 'Issue token'),
-          h('button', { type: 'button', onclick: () => editQuotas(t) }, 'Edit quotas'))),
+          h('button', { type: 'button', onclick: () => editQuotas(t) }, 'Edit quotas'),
+          h('button', { type: 'button', onclick: () => grantKafka(t) }, 'Kafka brokers…'))),
       h('div', { class: 'usage' },
         h('div', { class: 'stat' }, h('div', { class: 'stat-label' }, 'Processors'), meter(u.processors, q.max_processors, fmtInt)),
         h('div', { class: 'stat' }, h('div', { class: 'stat-label' }, 'Pipelines'), meter(u.pipelines, q.max_pipelines, fmtInt)),
         h('div', { class: 'stat' }, h('div', { class: 'stat-label' }, 'State on disk'), meter(u.state_bytes, q.max_state_bytes, fmtBytes)),
         h('div', { class: 'stat' }, h('div', { class: 'stat-label' }, 'CPU used'), h('div', { class: 'stat-value' }, fmtMs(u.cpu_seconds * 1000))),
         h('div', { class: 'stat' }, h('div', { class: 'stat-label' }, 'Memory high water'), h('div', { class: 'stat-value' }, `${fmtBytes(u.memory_high_water_bytes)}`), h('div', { class: 'stat-sub dim' }, `limit ${fmtBytes(q.memory_bytes)} per instance`)),
-        h('div', { class: 'stat' }, h('div', { class: 'stat-label' }, 'Refused requests'), h('div', { class: `stat-value${u.rejected_requests ? ' warn-text' : ''}` }, fmtInt(u.rejected_requests)))),
+        h('div', { class: 'stat' }, h('div', { class: 'stat-label' }, 'Refused requests'), h('div', { class: `stat-value${u.rejected_requests ? ' warn-text' : ''}` }, fmtInt(u.rejected_requests))),
+        h('div', { class: 'stat kafka-brokers' }, h('div', { class: 'stat-label' }, 'Kafka brokers'),
+          t.kafka_brokers.length
+            ? h('div', { class: 'stat-sub mono' }, t.kafka_brokers.join(', '))
+            : h('div', { class: 'stat-sub dim' }, 'none granted'))),
       h('details', {}, h('summary', {}, 'All quotas'),
         table(['quota', 'value'], Object.entries(q).map(([k, v]) => ({ quota: k, value: v })), { label: 'Quotas' })),
       h('h3', {}, 'Pipelines'),
@@ -110,6 +115,26 @@ export async function adminView(main) {
       },
     }, field('Quotas', text, 'CPU, memory and output limits apply to pipelines started after the change.'), out, h('div', { class: 'dialog-actions' }, h('button', { type: 'submit', class: 'primary' }, 'Save')));
     const d = dialog(`Quotas of ${t.name}`, form);
+  }
+
+  function grantKafka(t) {
+    const brokers = h('input', { name: 'brokers', value: t.kafka_brokers.join(', '), placeholder: 'kafka-1.internal:9092, kafka-2.internal:9092', spellcheck: 'false' });
+    const out = h('div', { 'aria-live': 'polite' });
+    const form = h('form', {
+      onsubmit: async (e) => {
+        e.preventDefault();
+        const list = brokers.value.split(',').map((s) => s.trim()).filter(Boolean);
+        try {
+          const r = await put(`/v1/tenants/${seg(t.id)}/kafka`, { brokers: list });
+          d.close();
+          const stopped = r.stopped.length ? `; stopped ${r.stopped.join(', ')}` : '';
+          notify(`Kafka brokers of ${t.name}: ${r.brokers.length ? r.brokers.join(', ') : 'none'}${stopped}`);
+          refresh();
+        } catch (err) { fill(out, errorBox(err, 'The grant was refused')); }
+      },
+    }, field('Brokers', brokers, 'HOST:PORT, comma-separated: the complete list, replacing the previous one; empty revokes every grant. Running pipelines that use a broker no longer listed stop. A grant covers the whole cluster behind the address.'), out,
+    h('div', { class: 'dialog-actions' }, h('button', { type: 'submit', class: 'primary' }, 'Grant')));
+    const d = dialog(`Kafka brokers of ${t.name}`, form);
   }
 
   function grant(p) {

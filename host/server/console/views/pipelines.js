@@ -1,4 +1,5 @@
-// Pipelines: the list with status at a glance, start/stop, and the create form.
+// Pipelines: the list with status at a glance, start/stop, and the create form (HTTP or
+// Kafka on either side).
 
 import { get, post, seg } from '../api.js';
 import { h, fill, field, table, empty, errorBox, loading, notify, badge, fmtNum, fmtInt, fmtAgo, dialog } from '../ui.js';
@@ -75,15 +76,17 @@ export async function pipelinesView(main, queryString) {
   }
 
   async function createDialog() {
-    if (processors === null) {
-      try {
-        processors = (await get('/v1/processors')).processors;
-      } catch (err) {
-        fill(status, errorBox(err, 'Cannot list the processors'));
-        return;
-      }
+    // The Kafka brokers granted now (the admin may have changed them since login).
+    let brokers;
+    try {
+      const [procs, me] = await Promise.all([processors === null ? get('/v1/processors') : null, get('/v1/tenant')]);
+      if (procs) processors = procs.processors;
+      brokers = me.kafka_brokers || [];
+    } catch (err) {
+      fill(status, errorBox(err, 'Cannot open the form'));
+      return;
     }
-    const form = createForm(processors, params.get('processor'), (created) => {
+    const form = createForm(processors, params.get('processor'), brokers, (created) => {
       d.close();
       notify(`Pipeline ${created.id} created`);
       go(`#/pipelines/${seg(created.id)}`);
@@ -98,8 +101,90 @@ export async function pipelinesView(main, queryString) {
   }
 }
 
+/** A comma-separated field's items. */
+const items = (input) => input.value.split(',').map((s) => s.trim()).filter(Boolean);
+
+/**
+ * The Kafka part of the create form: where the rows come from and go to. One cluster (its
+ * brokers and client options) serves both sides; the API also takes one per side.
+ */
+function kafkaFields(brokers) {
+  const source = h('select', { name: 'source' },
+    h('option', { value: 'http' }, 'HTTP ingest'), h('option', { value: 'kafka' }, 'Kafka topics'));
+  const sink = h('select', { name: 'sink' },
+    h('option', { value: 'output' }, 'Output log'), h('option', { value: 'kafka' }, 'Kafka topic'));
+  const list = h('datalist', { id: 'granted-brokers' }, brokers.map((b) => h('option', { value: b })));
+  const brokersIn = h('input', { name: 'kafka_brokers', value: brokers.join(', '), list: 'granted-brokers', placeholder: 'kafka-1.internal:9092', spellcheck: 'false' });
+  const protocol = h('select', { name: 'security_protocol' },
+    ['', 'PLAINTEXT', 'SASL_PLAINTEXT', 'SASL_SSL', 'SSL'].map((v) => h('option', { value: v }, v || 'default (PLAINTEXT)')));
+  const mechanism = h('select', { name: 'sasl_mechanism' },
+    ['', 'PLAIN', 'SCRAM-SHA-256', 'SCRAM-SHA-512'].map((v) => h('option', { value: v }, v || 'none')));
+  const username = h('input', { name: 'sasl_username', autocomplete: 'off', spellcheck: 'false' });
+  const password = h('input', { name: 'sasl_password', type: 'password', autocomplete: 'new-password' });
+  const topics = h('input', { name: 'kafka_topics', placeholder: 'clicks or clicks, views', spellcheck: 'false' });
+  const starting = h('select', { name: 'starting_offsets' },
+    h('option', { value: 'earliest' }, 'earliest'), h('option', { value: 'latest' }, 'latest'));
+  const maxRecords = h('input', { name: 'max_records_per_batch', type: 'number', min: '1', placeholder: 'no limit' });
+  const topic = h('input', { name: 'kafka_topic', placeholder: 'counts', spellcheck: 'false' });
+  const key = h('input', { name: 'kafka_key', placeholder: 'the key columns', spellcheck: 'false' });
+  const delivery = h('select', { name: 'delivery' },
+    h('option', { value: 'exactly-once' }, 'exactly-once'), h('option', { value: 'at-least-once' }, 'at-least-once'));
+
+  const cluster = h('fieldset', { class: 'kafka', hidden: true },
+    h('legend', {}, 'Kafka cluster'),
+    field('Brokers', brokersIn, brokers.length
+      ? `Granted to you: ${brokers.join(', ')}.`
+      : 'No brokers are granted to you yet: the admin grants them.'),
+    h('div', { class: 'grid2' }, field('Security protocol', protocol), field('SASL mechanism', mechanism)),
+    h('div', { class: 'grid2' }, field('SASL username', username), field('SASL password', password)));
+  const from = h('fieldset', { class: 'kafka-source', hidden: true },
+    h('legend', {}, 'Kafka source'),
+    field('Topics', topics, 'Comma-separated. Each record\'s value is one JSON row.'),
+    h('div', { class: 'grid2' },
+      field('Starting offsets', starting, 'Where a new pipeline starts reading.'),
+      field('Max records per batch', maxRecords)));
+  const to = h('fieldset', { class: 'kafka-sink', hidden: true },
+    h('legend', {}, 'Kafka sink'),
+    h('div', { class: 'grid2' },
+      field('Topic', topic, 'One transaction per batch when exactly-once.'),
+      field('Record key columns', key, 'Output columns, comma-separated; default: the pipeline\'s key columns.')),
+    field('Delivery', delivery));
+  const show = () => {
+    from.hidden = source.value !== 'kafka';
+    to.hidden = sink.value !== 'kafka';
+    cluster.hidden = from.hidden && to.hidden;
+  };
+  source.addEventListener('change', show);
+  sink.addEventListener('change', show);
+
+  /** Sets `body.source` and `body.sink` when either side is Kafka. */
+  function apply(body) {
+    const options = {};
+    if (protocol.value) options['security.protocol'] = protocol.value;
+    if (mechanism.value) options['sasl.mechanism'] = mechanism.value;
+    if (username.value) options['sasl.username'] = username.value;
+    if (password.value) options['sasl.password'] = password.value;
+    const common = { brokers: brokersIn.value.trim() };
+    if (Object.keys(options).length) common.options = options;
+    if (source.value === 'kafka') {
+      body.source = { kafka: { ...common, topics: items(topics), starting_offsets: starting.value } };
+      if (maxRecords.value) body.source.kafka.max_records_per_batch = Number(maxRecords.value);
+    }
+    if (sink.value === 'kafka') {
+      body.sink = { kafka: { ...common, topic: topic.value.trim(), delivery: delivery.value } };
+      if (items(key).length) body.sink.kafka.key = items(key);
+    }
+  }
+
+  return {
+    sides: h('div', { class: 'grid2' }, field('Source', source), field('Sink', sink)),
+    fieldsets: [list, cluster, from, to],
+    apply,
+  };
+}
+
 /** The create form. Fields map one to one onto POST /v1/pipelines. */
-function createForm(processors, preselect, done) {
+function createForm(processors, preselect, brokers, done) {
   const proc = h('select', { name: 'processor', required: true },
     processors.map((p) => h('option', { value: p.id, selected: p.id === preselect }, `${p.name} (${p.id})`)));
   const name = h('input', { name: 'name', placeholder: 'optional' });
@@ -128,6 +213,7 @@ function createForm(processors, preselect, done) {
   proc.addEventListener('change', suggestKey);
   suggestKey();
   timeMode.addEventListener('change', () => { eventTime.hidden = timeMode.value !== 'event-time'; });
+  const kafka = kafkaFields(brokers);
   const status = h('div', { 'aria-live': 'assertive' });
   const submit = h('button', { type: 'submit', class: 'primary' }, 'Create and start');
   if (!processors.length) {
@@ -150,6 +236,7 @@ function createForm(processors, preselect, done) {
       if (timeMode.value === 'event-time') {
         body.event_time = { column: etColumn.value.trim(), watermark_delay_ms: Number(etDelay.value) };
       }
+      kafka.apply(body);
       submit.disabled = true;
       fill(status);
       try {
@@ -166,6 +253,8 @@ function createForm(processors, preselect, done) {
     field('Name', name)),
   h('div', { class: 'grid2' }, field('Time mode', timeMode), field('Output mode', outputMode)),
   eventTime,
+  kafka.sides,
+  ...kafka.fieldsets,
   h('div', { class: 'grid3' },
     field('Partitions', partitions),
     field('Trigger interval (ms)', trigger),
