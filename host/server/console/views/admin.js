@@ -117,43 +117,55 @@ export async function adminView(main) {
     const d = dialog(`Quotas of ${t.name}`, form);
   }
 
-  function grantKafka(t) {
-    const brokers = h('input', { name: 'brokers', value: t.kafka_brokers.join(', '), placeholder: 'kafka-1.internal:9092, kafka-2.internal:9092', spellcheck: 'false' });
+  /** A dialog editing a grant, a comma-separated list; `save(list)` stores it and returns the notice. */
+  function grantDialog({ title, name, values, placeholder, label, hint, save }) {
+    const input = h('input', { name, value: values.join(', '), placeholder, spellcheck: 'false' });
     const out = h('div', { 'aria-live': 'polite' });
     const form = h('form', {
       onsubmit: async (e) => {
         e.preventDefault();
-        const list = brokers.value.split(',').map((s) => s.trim()).filter(Boolean);
+        const list = input.value.split(',').map((s) => s.trim()).filter(Boolean);
         try {
-          const r = await put(`/v1/tenants/${seg(t.id)}/kafka`, { brokers: list });
+          const notice = await save(list);
           d.close();
-          const stopped = r.stopped.length ? `; stopped ${r.stopped.join(', ')}` : '';
-          notify(`Kafka brokers of ${t.name}: ${r.brokers.length ? r.brokers.join(', ') : 'none'}${stopped}`);
+          notify(notice);
           refresh();
         } catch (err) { fill(out, errorBox(err, 'The grant was refused')); }
       },
-    }, field('Brokers', brokers, 'HOST:PORT, comma-separated: the complete list, replacing the previous one; empty revokes every grant. Running pipelines that use a broker no longer listed stop. A grant covers the whole cluster behind the address.'), out,
+    }, field(label, input, hint), out,
     h('div', { class: 'dialog-actions' }, h('button', { type: 'submit', class: 'primary' }, 'Grant')));
-    const d = dialog(`Kafka brokers of ${t.name}`, form);
+    const d = dialog(title, form);
+  }
+
+  function grantKafka(t) {
+    grantDialog({
+      title: `Kafka brokers of ${t.name}`,
+      name: 'brokers',
+      values: t.kafka_brokers,
+      placeholder: 'kafka-1.internal:9092, kafka-2.internal:9092',
+      label: 'Brokers',
+      hint: 'HOST:PORT, comma-separated: the complete list, replacing the previous one; empty revokes every grant. Running pipelines that use a broker no longer listed stop. A grant covers the whole cluster behind the address.',
+      save: async (list) => {
+        const r = await put(`/v1/tenants/${seg(t.id)}/kafka`, { brokers: list });
+        const stopped = r.stopped.length ? `; stopped ${r.stopped.join(', ')}` : '';
+        return `Kafka brokers of ${t.name}: ${r.brokers.length ? r.brokers.join(', ') : 'none'}${stopped}`;
+      },
+    });
   }
 
   function grant(p) {
-    const hosts = h('input', { name: 'hosts', value: p.http_hosts.join(', '), placeholder: 'api.example.com, 10.0.0.5:8080', spellcheck: 'false' });
-    const out = h('div', { 'aria-live': 'polite' });
-    const form = h('form', {
-      onsubmit: async (e) => {
-        e.preventDefault();
-        const list = hosts.value.split(',').map((s) => s.trim()).filter(Boolean);
-        try {
-          const r = await put(`/v1/pipelines/${seg(p.id)}/capabilities`, { http_hosts: list });
-          d.close();
-          notify(`Outbound HTTP for ${p.id}: ${r.http_hosts.length ? r.http_hosts.join(', ') : 'none'}${r.restarted ? ' (restarted)' : ''}`);
-          refresh();
-        } catch (err) { fill(out, errorBox(err, 'The grant was refused')); }
+    grantDialog({
+      title: `Outbound HTTP for ${p.name || p.id}`,
+      name: 'hosts',
+      values: p.http_hosts,
+      placeholder: 'api.example.com, 10.0.0.5:8080',
+      label: 'Allowed hosts',
+      hint: 'HOST allows every port, HOST:PORT one port; empty revokes every grant. A running pipeline restarts with the new list.',
+      save: async (list) => {
+        const r = await put(`/v1/pipelines/${seg(p.id)}/capabilities`, { http_hosts: list });
+        return `Outbound HTTP for ${p.id}: ${r.http_hosts.length ? r.http_hosts.join(', ') : 'none'}${r.restarted ? ' (restarted)' : ''}`;
       },
-    }, field('Allowed hosts', hosts, 'HOST allows every port, HOST:PORT one port; empty revokes every grant. A running pipeline restarts with the new list.'), out,
-    h('div', { class: 'dialog-actions' }, h('button', { type: 'submit', class: 'primary' }, 'Grant')));
-    const d = dialog(`Outbound HTTP for ${p.name || p.id}`, form);
+    });
   }
 
   every(3000, () => refresh(false), main);
