@@ -44,6 +44,9 @@ export function field(label, control, hint) {
   return h('div', { class: 'field' }, h('label', { for: control.id }, label), control, hintEl);
 }
 
+/** The items of a comma-separated field, trimmed, empty ones dropped. */
+export const listItems = (input) => input.value.split(',').map((s) => s.trim()).filter(Boolean);
+
 // ---- Formatting ----
 
 export function fmtInt(n) {

@@ -2,7 +2,7 @@
 // changing quotas, granting tenants Kafka brokers and granting pipelines outbound HTTP.
 
 import { get, post, put, patch, seg } from '../api.js';
-import { h, fill, field, table, empty, errorBox, loading, notify, badge, dialog, secret, fmtBytes, fmtInt, fmtMs, fmtAgo } from '../ui.js';
+import { h, fill, field, listItems, table, empty, errorBox, loading, notify, badge, dialog, secret, fmtBytes, fmtInt, fmtMs, fmtAgo } from '../ui.js';
 import { every } from '../app.js';
 
 /** "used / quota" with a bar, red when over. */
@@ -124,9 +124,8 @@ export async function adminView(main) {
     const form = h('form', {
       onsubmit: async (e) => {
         e.preventDefault();
-        const list = input.value.split(',').map((s) => s.trim()).filter(Boolean);
         try {
-          const notice = await save(list);
+          const notice = await save(listItems(input));
           d.close();
           notify(notice);
           refresh();

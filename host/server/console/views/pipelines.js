@@ -2,7 +2,7 @@
 // Kafka on either side).
 
 import { get, post, seg } from '../api.js';
-import { h, fill, field, table, empty, errorBox, loading, notify, badge, fmtNum, fmtInt, fmtAgo, dialog } from '../ui.js';
+import { h, fill, field, listItems, table, empty, errorBox, loading, notify, badge, fmtNum, fmtInt, fmtAgo, dialog } from '../ui.js';
 import { every, go } from '../app.js';
 
 /** The numbers of a pipeline's list row, from its status and last progress record. */
@@ -101,9 +101,6 @@ export async function pipelinesView(main, queryString) {
   }
 }
 
-/** A comma-separated field's items. */
-const items = (input) => input.value.split(',').map((s) => s.trim()).filter(Boolean);
-
 /**
  * The Kafka part of the create form: where the rows come from and go to. One cluster (its
  * brokers and client options) serves both sides; the API also takes one per side.
@@ -167,12 +164,13 @@ function kafkaFields(brokers) {
     const common = { brokers: brokersIn.value.trim() };
     if (Object.keys(options).length) common.options = options;
     if (source.value === 'kafka') {
-      body.source = { kafka: { ...common, topics: items(topics), starting_offsets: starting.value } };
+      body.source = { kafka: { ...common, topics: listItems(topics), starting_offsets: starting.value } };
       if (maxRecords.value) body.source.kafka.max_records_per_batch = Number(maxRecords.value);
     }
     if (sink.value === 'kafka') {
       body.sink = { kafka: { ...common, topic: topic.value.trim(), delivery: delivery.value } };
-      if (items(key).length) body.sink.kafka.key = items(key);
+      const recordKey = listItems(key);
+      if (recordKey.length) body.sink.kafka.key = recordKey;
     }
   }
 
@@ -225,7 +223,7 @@ function createForm(processors, preselect, brokers, done) {
       e.preventDefault();
       const body = {
         processor: proc.value,
-        key: key.value.split(',').map((s) => s.trim()).filter(Boolean),
+        key: listItems(key),
         time_mode: timeMode.value,
         output_mode: outputMode.value,
         partitions: Number(partitions.value),
