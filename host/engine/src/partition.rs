@@ -133,10 +133,11 @@ impl Context<'_> {
             }
         };
         let mut txn = self.checkpoint.txn(partition);
-        // Room for a write of each declared variable (up to a few) of each of the batch's
-        // keys, made once: growing the write buffer step by step rehashed it each time.
+        // Room for a write of each declared variable (up to a few) and the timers of each of
+        // the batch's keys, made once: growing the write buffer step by step rehashed it
+        // each time.
         let vars = self.catalog.lock().map_or(0, |c| c.vars().count());
-        txn.reserve(input.groups.len() * vars.min(RESERVED_VARS_PER_KEY));
+        txn.reserve(input.groups.len(), vars.min(RESERVED_VARS_PER_KEY));
         txn.set_time_floor(self.time_floor);
         // Reads hide, and writes expire against, the same clock timers fire against.
         txn.set_ttl_clock(self.clock());

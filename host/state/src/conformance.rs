@@ -154,13 +154,14 @@ fn value_read_your_writes_and_commit(mut fx: Fixture) {
 
 fn reserving_room_is_a_hint(mut fx: Fixture) {
     let mut txn = fx.cp().txn(0);
-    txn.reserve(1000);
+    txn.reserve(500, 2);
     // Room that cannot be allocated is not made, and nothing fails.
-    txn.reserve(usize::MAX);
+    txn.reserve(usize::MAX, 3);
     for i in 0..100 {
         let key = format!("k{i}");
         txn.value_put(1, key.as_bytes(), v(&i.to_string())).unwrap();
         txn.list_append(2, key.as_bytes(), vec![v("a")]).unwrap();
+        txn.timer_register(key.as_bytes(), i).unwrap();
     }
     assert_eq!(txn.value_get(1, b"k7").unwrap(), Some(v("7")));
     fx.commit(vec![txn]);
@@ -168,6 +169,8 @@ fn reserving_room_is_a_hint(mut fx: Fixture) {
     let txn = fx.cp().txn(0);
     assert_eq!(txn.value_get(1, b"k99").unwrap(), Some(v("99")));
     assert!(txn.list_exists(2, b"k0").unwrap());
+    assert_eq!(txn.timer_list(b"k42").unwrap(), vec![42]);
+    assert_eq!(txn.timers_due(i64::MAX, 1000).unwrap().len(), 100);
 }
 
 fn uncommitted_writes_are_invisible(fx: Fixture) {

@@ -400,6 +400,13 @@ pub fn key_successor(key: &[u8]) -> Vec<u8> {
     out
 }
 
+/// `[ns][partition]`: how every key of a partition's timers-by-time or TTL index begins.
+#[inline]
+pub(crate) fn partition_head(ns: u8, partition: Partition) -> [u8; PARTITION_PREFIX_LEN] {
+    let [hi, lo] = partition.to_be_bytes();
+    [ns, hi, lo]
+}
+
 fn partition_prefix(ns: u8, partition: Partition) -> Vec<u8> {
     let mut out = Vec::with_capacity(PARTITION_PREFIX_LEN + TS_LEN);
     out.push(ns);

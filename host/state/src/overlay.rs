@@ -51,6 +51,32 @@ impl SmallBytes {
         }
     }
 
+    /// The concatenation of `parts`, without a temporary buffer when it fits inline.
+    #[inline]
+    pub(crate) fn from_parts(parts: &[&[u8]]) -> Self {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        match u8::try_from(len) {
+            Ok(short) if len <= INLINE => {
+                let mut buf = [0; INLINE];
+                let mut at = 0;
+                for part in parts {
+                    buf[at..at + part.len()].copy_from_slice(part);
+                    at += part.len();
+                }
+                Self::Inline { len: short, buf }
+            }
+            _ => Self::Heap(parts.concat().into_boxed_slice()),
+        }
+    }
+
+    /// The bytes as a vector: a heap string's own buffer, not a copy.
+    pub(crate) fn into_vec(self) -> Vec<u8> {
+        match self {
+            Self::Inline { len, buf } => buf[..usize::from(len)].to_vec(),
+            Self::Heap(b) => b.into_vec(),
+        }
+    }
+
     #[inline]
     pub(crate) fn as_slice(&self) -> &[u8] {
         match self {
@@ -534,6 +560,21 @@ mod tests {
                     "{a:?} {b:?}"
                 );
             }
+        }
+        // Built from parts, inline or not, it is the concatenation.
+        for (a, b) in [
+            (&b"ts"[..], &b"key"[..]),
+            (&[1; 8], &[2; 22]),
+            (&[1; 8], &[2; 23]),
+        ] {
+            let joined = SmallBytes::from_parts(&[a, &[], b]);
+            assert_eq!(&*joined, [a, b].concat());
+            assert_eq!(
+                joined.len() <= INLINE,
+                matches!(joined, SmallBytes::Inline { .. })
+            );
+            assert_eq!(joined, SmallBytes::new(&[a, b].concat()));
+            assert_eq!(joined.into_vec(), [a, b].concat());
         }
     }
 

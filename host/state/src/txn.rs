@@ -16,7 +16,9 @@
 //! - `timers`: a hash map from `[keylen][key]` to that grouping key's timers-by-key writes.
 //! - `ordered`: the timers-by-time and TTL index writes, by full key, in a B-tree: they are
 //!   scanned across grouping keys ([`PartitionTxn::timers_due`],
-//!   [`PartitionTxn::ttl_cleanup`]).
+//!   [`PartitionTxn::ttl_cleanup`]). A short key (a timer of a short grouping key) is
+//!   inline in the tree's node and compares as words: finding a place among a batch's
+//!   timers, which share their first dozen bytes, then reads no heap buffer.
 //!
 //! Clearing a list or map turns its committed entries invisible (the collection's
 //! [`Base`]); the commit removes them with point deletes when there were few (the common
@@ -37,7 +39,7 @@ use std::sync::Arc;
 use crate::changelog;
 use crate::engine::{KvEngine, ScanFn, WriteOp};
 use crate::keys::{self, check_key};
-use crate::overlay::{Base, Coll, PrefixMap, Slot};
+use crate::overlay::{Base, Coll, PrefixMap, Slot, SmallBytes};
 use crate::value::Header;
 use crate::{Partition, Result, StoreError, StoredValue, VarId};
 
@@ -76,9 +78,12 @@ struct Overlay {
     vars: PrefixMap<VarBucket>,
     timers: PrefixMap<Coll>,
     /// Full key → `true` puts the (empty) entry, `false` deletes it.
-    ordered: BTreeMap<Vec<u8>, bool>,
+    ordered: BTreeMap<SmallBytes, bool>,
     /// Point writes the commit will carry.
     writes: usize,
+    /// Grouping keys `timers` makes room for at its first write (see
+    /// [`PartitionTxn::reserve`]).
+    timer_keys: usize,
 }
 
 /// One variable's writes for one grouping key.
@@ -171,7 +176,7 @@ impl PartitionTxn {
         keys::var_key_prefix_into(k, keys::VALUE, var, key);
         let o = &mut self.overlay;
         if let Some(expiry) = value.expires_at_ms {
-            o.mark(keys::ttl_key(self.partition, expiry, k), true);
+            o.mark(index_key(keys::TTL, self.partition, expiry, k, &[]), true);
         }
         o.put_value_slot(&k[1..], Some(value.encode()));
         Ok(())
@@ -270,7 +275,6 @@ impl PartitionTxn {
         }
         let k = self.scratch.get_mut();
         keys::var_key_prefix_into(k, keys::LIST, var, key);
-        let prefix_len = k.len();
         let Overlay {
             vars,
             ordered,
@@ -298,14 +302,8 @@ impl PartitionTxn {
         for (seq, value) in (first..).zip(values) {
             let seq = seq.to_be_bytes();
             if let Some(expiry) = value.expires_at_ms {
-                k.truncate(prefix_len);
-                k.extend_from_slice(&seq);
-                mark(
-                    ordered,
-                    writes,
-                    keys::ttl_key(self.partition, expiry, k),
-                    true,
-                );
+                let key = index_key(keys::TTL, self.partition, expiry, k, &seq);
+                mark(ordered, writes, key, true);
             }
             added += list.write(&seq, Some(value.encode()));
         }
@@ -385,9 +383,8 @@ impl PartitionTxn {
             ..
         } = &mut self.overlay;
         if let Some(expiry) = value.expires_at_ms {
-            let mut state_key = keys::ttl_key(self.partition, expiry, k);
-            state_key.extend_from_slice(user_key);
-            mark(ordered, writes, state_key, true);
+            let key = index_key(keys::TTL, self.partition, expiry, k, user_key);
+            mark(ordered, writes, key, true);
         }
         let map = vars.get_or_default(&k[1..]).map.get_or_insert_default();
         add(writes, map.write(user_key, Some(value.encode())));
@@ -591,12 +588,12 @@ impl PartitionTxn {
         let (mut start, end) = keys::ttl_range_upto(self.partition, now_ms);
         let committed_start = self.floor_key(&start, |t| keys::ttl_range_from(self.partition, t));
         let mut removed = 0;
-        let mut chunk: Vec<Vec<u8>> = Vec::new();
+        let mut chunk: Vec<SmallBytes> = Vec::new();
         loop {
             chunk.clear();
             let engine_start = committed_start.clone().max(start.clone());
             self.scan_ordered(&start, &engine_start, &end, &mut |k, _| {
-                chunk.push(k.to_vec());
+                chunk.push(SmallBytes::new(k));
                 Ok(chunk.len() < TTL_CLEANUP_CHUNK)
             })?;
             for index_key in &chunk {
@@ -618,13 +615,15 @@ impl PartitionTxn {
         Ok(removed)
     }
 
-    /// Makes room for writes to `vars` (variable, grouping key) pairs, when the caller
-    /// knows about how many the batch will write: buffering them then does not grow (and
-    /// rehash) the write buffer again and again as the batch goes. A hint: room that cannot
-    /// be allocated is not made.
-    pub fn reserve(&mut self, vars: usize) {
+    /// Makes room for writes to `keys` grouping keys' state, `vars_per_key` variables each,
+    /// when the caller knows about how many the batch will write: buffering them then does
+    /// not grow (and rehash) the write buffer again and again as the batch goes. The room
+    /// for their timers is made when the first timer is written, so a processor without
+    /// timers pays nothing for it. A hint: room that cannot be allocated is not made.
+    pub fn reserve(&mut self, keys: usize, vars_per_key: usize) {
         self.check_open();
-        self.overlay.vars.reserve(vars);
+        self.overlay.vars.reserve(keys.saturating_mul(vars_per_key));
+        self.overlay.timer_keys = keys;
     }
 
     /// Number of point writes buffered (for metrics and memory bounds).
@@ -752,10 +751,16 @@ impl PartitionTxn {
         let k = self.scratch.get_mut();
         keys::timer_key_prefix_into(k, key);
         let o = &mut self.overlay;
+        if o.timer_keys > 0 {
+            o.timers.reserve(std::mem::take(&mut o.timer_keys));
+        }
         let timers = o.timers.get_or_default(&k[1..]);
         let change = timers.write(&keys::encode_i64(ts), register.then(Vec::new));
         add(&mut o.writes, change);
-        o.mark(keys::timer_by_time(self.partition, ts, key), register);
+        o.mark(
+            index_key(keys::TIMER_BY_TIME, self.partition, ts, key, &[]),
+            register,
+        );
         Ok(())
     }
 
@@ -874,7 +879,7 @@ impl Overlay {
     }
 
     /// Puts (`true`) or deletes a timers-by-time or TTL index entry.
-    fn mark(&mut self, key: Vec<u8>, put: bool) {
+    fn mark(&mut self, key: SmallBytes, put: bool) {
         mark(&mut self.ordered, &mut self.writes, key, put);
     }
 
@@ -932,7 +937,7 @@ impl Overlay {
             coll_ops(&mut ops, keys::TIMER_BY_KEY, hkey, timers);
         }
         for (key, put) in self.ordered {
-            push_op(&mut ops, key, put.then(Vec::new));
+            push_op(&mut ops, key.into_vec(), put.then(Vec::new));
         }
         (ops, fresh)
     }
@@ -995,7 +1000,14 @@ fn push_op(ops: &mut Vec<WriteOp>, key: Vec<u8>, slot: Slot) {
     });
 }
 
-fn mark(ordered: &mut BTreeMap<Vec<u8>, bool>, writes: &mut usize, key: Vec<u8>, put: bool) {
+/// The key of a timers-by-time (`rest`: the grouping key) or TTL index entry (`rest`: the
+/// state key, in up to two parts): `[ns][partition][time][rest]`.
+fn index_key(ns: u8, partition: Partition, time: i64, rest: &[u8], more: &[u8]) -> SmallBytes {
+    let head = keys::partition_head(ns, partition);
+    SmallBytes::from_parts(&[&head, &keys::encode_i64(time), rest, more])
+}
+
+fn mark(ordered: &mut BTreeMap<SmallBytes, bool>, writes: &mut usize, key: SmallBytes, put: bool) {
     if ordered.insert(key, put).is_none() {
         *writes += 1;
     }
