@@ -79,6 +79,42 @@ fn assert_same_rows(what: &str, got: &[Value], want: &[Value]) {
     );
 }
 
+/// A Kafka record key that the processor does not output is refused before the run starts,
+/// with `--group` too: the message names the column, the processor's columns and the flag,
+/// and no checkpoint is created. Nothing listens at the brokers' address: a run that got as
+/// far as connecting would fail some other way.
+#[test]
+fn a_record_key_the_processor_does_not_output_is_refused_at_start() {
+    let ck = Scratch::new();
+    let input = "kafka://127.0.0.1:9/events";
+    let output = "kafka://127.0.0.1:9/counts";
+    let run = || kafka_run(guests::COUNTER, &ck.checkpoint(), input, output);
+    run().run().expect_error(&[
+        "without --output-key each Kafka record's key is the grouping column `user`",
+        "processor `counter` does not output (its columns: `key`, `count`)",
+        "name output columns with --output-key",
+    ]);
+    run()
+        .args(["--output-key", "key,user"])
+        .run()
+        .expect_error(&[
+            "--output-key: processor `counter` has no output column `user` (its columns: \
+             `key`, `count`)",
+        ]);
+    let store = Scratch::new();
+    run()
+        .args([
+            "--group".as_ref(),
+            "g".as_ref(),
+            "--state-store".as_ref(),
+            store.path().as_os_str(),
+        ])
+        .args(["--trigger", "interval=1s"])
+        .run()
+        .expect_error(&["grouping column `user`", "--output-key"]);
+    assert!(!ck.checkpoint().exists(), "a checkpoint was created");
+}
+
 /// The same 120,000 keyed records over four partitions, from files and from Kafka: scd1 and
 /// counter give the same rows, and keyed output stays on one partition per key.
 #[test]

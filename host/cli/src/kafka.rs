@@ -1,7 +1,7 @@
 //! `statebox run` with Kafka: the `kafka://` input and output and their settings.
 
 use clap::Args;
-use statebox_engine::{Endpoints, QueryOptions};
+use statebox_engine::{Endpoints, ProcessorInfo, QueryOptions};
 use statebox_kafka::{
     Column, Delivery, InputSettings, KafkaUrl, OutputSettings, QueryShape, SinkOptions,
     SourceOptions, StartingOffsets,
@@ -126,6 +126,52 @@ pub(crate) fn endpoints(args: &KafkaArgs, w: Wiring<'_>) -> anyhow::Result<Endpo
         bounded: w.bounded,
     };
     Ok(statebox_kafka::endpoints(input, output, shape)?)
+}
+
+/// Refuses a Kafka output whose record key (`--output-key`, or the grouping columns)
+/// names a column the processor does not output: the sink would fail every batch on it, so
+/// the run stops before it starts. Processors that declare no output columns are not
+/// checked.
+pub(crate) fn check_output_key(
+    args: &KafkaArgs,
+    w: &Wiring<'_>,
+    processor: &ProcessorInfo,
+) -> anyhow::Result<()> {
+    if KafkaUrl::parse(&w.output.to_string_lossy())?.is_none() {
+        return Ok(());
+    }
+    let Some(fields) = processor
+        .output_schema
+        .as_struct()
+        .filter(|s| !s.fields.is_empty())
+    else {
+        return Ok(());
+    };
+    let (columns, default) = if args.output_key.is_empty() {
+        (w.key_columns, true)
+    } else {
+        (args.output_key.as_slice(), false)
+    };
+    let Some(missing) = columns.iter().find(|c| fields.field(c).is_none()) else {
+        return Ok(());
+    };
+    let have = fields
+        .fields
+        .iter()
+        .map(|f| format!("`{}`", f.name))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let name = &processor.name;
+    if default {
+        anyhow::bail!(
+            "without --output-key each Kafka record's key is the grouping column `{missing}`, \
+             which processor `{name}` does not output (its columns: {have}); name output \
+             columns with --output-key"
+        );
+    }
+    anyhow::bail!(
+        "--output-key: processor `{name}` has no output column `{missing}` (its columns: {have})"
+    )
 }
 
 /// The Kafka settings of a worker's tasks (`--group`): the input's brokers and topic, and

@@ -424,13 +424,16 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             args.key.clone(),
         )
     };
+    let bounded = matches!(args.trigger, Trigger::AvailableNow);
+    kafka::check_output_key(
+        &args.kafka,
+        &kafka::Wiring::of(&opts, bounded),
+        processor.info(),
+    )?;
     if let Some(group) = args.cluster.group.clone() {
         return run_group(args, opts, Arc::new(processor), group);
     }
-    let endpoints = kafka::endpoints(
-        &args.kafka,
-        kafka::Wiring::of(&opts, matches!(args.trigger, Trigger::AvailableNow)),
-    )?;
+    let endpoints = kafka::endpoints(&args.kafka, kafka::Wiring::of(&opts, bounded))?;
     let mut query = Query::open_with(opts, Arc::new(processor), endpoints)?;
     let progress_json = args.progress_json;
     let live = std::io::stderr().is_terminal();
