@@ -137,14 +137,25 @@ impl NativeCounterInstance {
         key: &str,
         rows: &[&str],
     ) -> Result<Vec<String>, CallError> {
+        let call_error = |kind| CallError {
+            processor: "counter-native".into(),
+            function: Function::HandleInputRows,
+            key: Some(key.to_owned()),
+            kind,
+        };
+        // Every row is parsed, as the `counter` component parses it (into `IgnoredAny`):
+        // the sandbox's cost is measured against the same work.
+        for (index, row) in (0u32..).zip(rows) {
+            serde_json::from_str::<serde::de::IgnoredAny>(row).map_err(|e| {
+                call_error(CallErrorKind::BadInputRow {
+                    index,
+                    message: e.to_string(),
+                })
+            })?;
+        }
         let batch = rows.len() as i64;
         self.update(txn, key.as_bytes(), batch)
-            .map_err(|e| CallError {
-                processor: "counter-native".into(),
-                function: Function::HandleInputRows,
-                key: Some(key.to_owned()),
-                kind: CallErrorKind::Internal(e),
-            })?;
+            .map_err(|e| call_error(CallErrorKind::Internal(e)))?;
         let label: Vec<serde_json::Value> = serde_json::from_str(key).unwrap_or_default();
         let label = match label.as_slice() {
             [serde_json::Value::String(s)] => s.clone(),
