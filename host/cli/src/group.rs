@@ -257,8 +257,19 @@ fn run_task(worker: &Worker, partition: i32, stop: &AtomicBool) -> anyhow::Resul
     };
     let mut query = Query::open_with(opts, worker.processor.clone(), endpoints)
         .with_context(|| format!("cannot open task {name}"))?;
+    let cache = worker
+        .opts
+        .shared_state_cache
+        .as_ref()
+        .map_or(String::new(), |c| {
+            format!(
+                "; {} tasks share the state cache's {} MiB",
+                c.caches(),
+                c.bytes() >> 20
+            )
+        });
     eprintln!(
-        "task {name}: owner generation {generation}, restored in {} ms, at batch {}",
+        "task {name}: owner generation {generation}, restored in {} ms, at batch {}{cache}",
         restored.as_millis(),
         query
             .head()

@@ -140,6 +140,10 @@ pub struct QueryOptions {
     /// `statebox_state::cache`; default [`statebox_state::DEFAULT_STATE_CACHE_BYTES`], 0:
     /// none).
     pub state_cache_bytes: Option<usize>,
+    /// A state-cache budget shared with other queries of this process (the tasks of a
+    /// `--group` worker): the checkpoint's cache holds an equal part of it, and
+    /// `state_cache_bytes` is not used.
+    pub shared_state_cache: Option<std::sync::Arc<statebox_state::SharedCacheBudget>>,
     /// Event time: the input column and the watermark delay (event-time mode only).
     pub event_time: Option<EventTimeOptions>,
     /// The output column holding event time, overriding the processor's declaration.
@@ -178,6 +182,7 @@ impl QueryOptions {
             max_bytes_per_batch: u64::MAX,
             workers: None,
             state_cache_bytes: None,
+            shared_state_cache: None,
             event_time: None,
             output_event_time_column: None,
             initial_state: None,

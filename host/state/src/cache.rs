@@ -38,7 +38,7 @@
 use std::hash::BuildHasher;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use hashbrown::DefaultHashBuilder;
 use hashbrown::hash_table::HashTable;
@@ -285,28 +285,133 @@ impl Shard {
     }
 }
 
+type Shards = [Mutex<Shard>];
+
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    shard.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// One state-cache budget for several caches (the tasks of a `--group` worker, each a
+/// checkpoint of its own): each cache holds at most an equal part of it. A cache that joins
+/// shrinks the others to their new part before it holds anything, and one that is dropped
+/// leaves its part to the rest, so together they stay within the budget however many come
+/// and go.
+pub struct SharedCacheBudget {
+    bytes: usize,
+    /// Caches in `members`; read on every insert, without a lock.
+    caches: AtomicUsize,
+    /// Their shards, to shrink when a cache joins (dropped caches are pruned then).
+    members: Mutex<Vec<Weak<Shards>>>,
+}
+
+impl SharedCacheBudget {
+    /// A budget of `bytes` shared by the caches made with [`CachedEngine::sharing`].
+    pub fn new(bytes: usize) -> Arc<Self> {
+        Arc::new(Self {
+            bytes,
+            caches: AtomicUsize::new(0),
+            members: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The whole budget.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// How many caches share the budget now.
+    pub fn caches(&self) -> usize {
+        self.caches.load(Ordering::SeqCst)
+    }
+
+    /// One shard's part when `caches` share the budget.
+    fn shard_part(&self, caches: usize) -> usize {
+        (self.bytes / caches.max(1) / SHARDS).max(1)
+    }
+
+    /// Adds `shards` as a cache of this budget and shrinks every other cache to its new part.
+    fn join(&self, shards: &Arc<Shards>) {
+        let mut members = self.members.lock().unwrap_or_else(PoisonError::into_inner);
+        members.retain(|m| m.strong_count() > 0);
+        members.push(Arc::downgrade(shards));
+        self.caches.store(members.len(), Ordering::SeqCst);
+        let part = self.shard_part(members.len());
+        for other in members.iter().filter_map(Weak::upgrade) {
+            for shard in other.iter() {
+                let mut shard = lock(shard);
+                if shard.bytes > part {
+                    shard.evict(part * EVICT_TO_PERCENT / 100);
+                }
+            }
+        }
+    }
+
+    /// Removes `shards`' cache: the others' parts grow.
+    fn leave(&self, shards: &Arc<Shards>) {
+        let mut members = self.members.lock().unwrap_or_else(PoisonError::into_inner);
+        members.retain(|m| m.strong_count() > 0 && !std::ptr::eq(m.as_ptr(), Arc::as_ptr(shards)));
+        self.caches.store(members.len(), Ordering::SeqCst);
+    }
+}
+
+impl std::fmt::Debug for SharedCacheBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedCacheBudget")
+            .field("bytes", &self.bytes)
+            .field("caches", &self.caches.load(Ordering::SeqCst))
+            .finish()
+    }
+}
+
+/// What a cache may hold.
+enum Budget {
+    /// Its own budget: each shard's part.
+    Own(usize),
+    /// A part of a shared one.
+    Shared(Arc<SharedCacheBudget>),
+}
+
 /// A [`KvEngine`] with a bounded cache of committed point reads in front of `inner` (see the
 /// [module docs](self)).
 pub struct CachedEngine<E> {
     inner: E,
-    shards: Box<[Mutex<Shard>]>,
+    shards: Arc<Shards>,
     /// Writes in flight: while one is, the cache may be ahead of the backend (the write's
     /// updates are applied alongside it), so reads go to the backend and fill nothing.
     /// Checked under the shard's lock, which orders it with the updates.
     writing: AtomicUsize,
-    shard_budget: usize,
+    budget: Budget,
     hasher: DefaultHashBuilder,
 }
 
 impl<E: KvEngine> CachedEngine<E> {
     /// Caches `inner`'s point reads in at most about `budget_bytes` of memory.
     pub fn new(inner: E, budget_bytes: usize) -> Self {
+        Self::with_budget(inner, Budget::Own((budget_bytes / SHARDS).max(1)))
+    }
+
+    /// Caches `inner`'s point reads in an equal part of `budget` (see [`SharedCacheBudget`]).
+    pub fn sharing(inner: E, budget: &Arc<SharedCacheBudget>) -> Self {
+        let cache = Self::with_budget(inner, Budget::Shared(Arc::clone(budget)));
+        budget.join(&cache.shards);
+        cache
+    }
+
+    fn with_budget(inner: E, budget: Budget) -> Self {
         Self {
             inner,
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             writing: AtomicUsize::new(0),
-            shard_budget: (budget_bytes / SHARDS).max(1),
+            budget,
             hasher: DefaultHashBuilder::default(),
+        }
+    }
+
+    /// What one shard may hold now.
+    fn shard_budget(&self) -> usize {
+        match &self.budget {
+            Budget::Own(part) => *part,
+            Budget::Shared(shared) => shared.shard_part(shared.caches.load(Ordering::SeqCst)),
         }
     }
 
@@ -323,9 +428,7 @@ impl<E: KvEngine> CachedEngine<E> {
     }
 
     fn shard(&self, i: usize) -> MutexGuard<'_, Shard> {
-        self.shards[i]
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        lock(&self.shards[i])
     }
 
     /// The cached read of `key`: a hit (after calling `f` with the bytes, if the key is
@@ -366,7 +469,7 @@ impl<E: KvEngine> CachedEngine<E> {
             && self.writing.load(Ordering::SeqCst) == 0
             && !shard.contains(key)
         {
-            shard.insert(key, value, true, self.shard_budget);
+            shard.insert(key, value, true, self.shard_budget());
         }
     }
 
@@ -380,18 +483,19 @@ impl<E: KvEngine> CachedEngine<E> {
 
     /// Applies a committed write to the cache, in the batch's order.
     fn apply(&self, batch: &WriteBatch) {
+        let budget = self.shard_budget();
         let mut touched = [false; SHARDS];
         for op in batch.ops() {
             match op {
                 WriteOp::Put(k, v) if cached(k) => {
                     let i = self.shard_of(k);
                     touched[i] = true;
-                    self.shard(i).update(k, Some(v), self.shard_budget);
+                    self.shard(i).update(k, Some(v), budget);
                 }
                 WriteOp::Delete(k) if cached(k) => {
                     let i = self.shard_of(k);
                     touched[i] = true;
-                    self.shard(i).update(k, None, self.shard_budget);
+                    self.shard(i).update(k, None, budget);
                 }
                 WriteOp::DeleteRange(start, end) if range_may_hold_cached(start, end) => {
                     let one_collection = cached(start)
@@ -565,6 +669,14 @@ impl<'a, E: KvEngine> InFlight<'a, E> {
     }
 }
 
+impl<E> Drop for CachedEngine<E> {
+    fn drop(&mut self) {
+        if let Budget::Shared(shared) = &self.budget {
+            shared.leave(&self.shards);
+        }
+    }
+}
+
 impl<E: KvEngine> Drop for InFlight<'_, E> {
     fn drop(&mut self) {
         if !self.succeeded {
@@ -715,6 +827,49 @@ mod tests {
         for i in 1..20_000 {
             assert_eq!(
                 e.get(&value_key(i)).unwrap().as_deref(),
+                Some(&[7u8; 40][..])
+            );
+        }
+    }
+
+    #[test]
+    fn caches_sharing_a_budget_stay_within_it_together() {
+        let budget = 256 * 1024;
+        // A shard may overshoot its part by one entry before it sweeps.
+        let slack = SHARDS * 200;
+        let shared = SharedCacheBudget::new(budget);
+        let fill = |e: &CachedEngine<MemEngine>, keys: std::ops::Range<u32>| {
+            for i in keys {
+                put(e, &value_key(i), &[7; 40]);
+            }
+        };
+        let a = CachedEngine::sharing(MemEngine::default(), &shared);
+        fill(&a, 0..20_000);
+        // Alone, a cache has the whole budget.
+        assert!(a.cached_bytes() > budget * 3 / 4, "{}", a.cached_bytes());
+        assert!(a.cached_bytes() <= budget + slack, "{}", a.cached_bytes());
+        // A second cache joining shrinks the first to half before it holds anything.
+        let b = CachedEngine::sharing(MemEngine::default(), &shared);
+        assert!(a.cached_bytes() <= budget / 2, "{}", a.cached_bytes());
+        fill(&b, 0..20_000);
+        fill(&a, 20_000..40_000);
+        assert!(b.cached_bytes() > budget * 3 / 8, "{}", b.cached_bytes());
+        assert!(a.cached_bytes() + b.cached_bytes() <= budget + slack);
+        // A third: a third each, at once.
+        let c = CachedEngine::sharing(MemEngine::default(), &shared);
+        assert!(a.cached_bytes() <= budget / 3 && b.cached_bytes() <= budget / 3);
+        fill(&c, 0..20_000);
+        let all = a.cached_bytes() + b.cached_bytes() + c.cached_bytes();
+        assert!(all <= budget + slack, "{all}");
+        // Caches that go leave their parts to the rest.
+        drop((b, c));
+        fill(&a, 40_000..60_000);
+        assert!(a.cached_bytes() > budget * 3 / 4, "{}", a.cached_bytes());
+        assert!(a.cached_bytes() <= budget + slack, "{}", a.cached_bytes());
+        // Whatever was evicted reads right, from the backend.
+        for i in (0..60_000).step_by(97) {
+            assert_eq!(
+                a.get(&value_key(i)).unwrap().as_deref(),
                 Some(&[7u8; 40][..])
             );
         }

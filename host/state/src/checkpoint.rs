@@ -6,7 +6,7 @@ use std::ops::Bound;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::cache::CachedEngine;
+use crate::cache::{CachedEngine, SharedCacheBudget};
 use crate::changelog::ChangeStats;
 use crate::engine::{KvEngine, ScanFn, WriteBatch, WriteOp};
 use crate::mem::MemEngine;
@@ -103,14 +103,7 @@ impl Checkpoint {
     /// Like [`open`](Self::open), with at most `cache_bytes` of committed state kept in memory
     /// in front of the database (see [`crate::cache`]; 0 turns the cache off).
     pub fn open_with_cache(dir: &Path, cache_bytes: usize) -> Result<Self> {
-        let db_dir = dir.join(DB_DIR);
-        std::fs::create_dir_all(&db_dir).map_err(|e| {
-            StoreError::Storage(format!(
-                "creating checkpoint directory {}: {e}",
-                db_dir.display()
-            ))
-        })?;
-        let engine = RocksEngine::open(&db_dir)?;
+        let engine = RocksEngine::open(&Self::db_dir(dir)?)?;
         tracing::debug!(dir = %dir.display(), cache_bytes, "opened checkpoint");
         if cache_bytes == 0 {
             return Ok(Self::with_engine(Arc::new(engine)));
@@ -119,6 +112,29 @@ impl Checkpoint {
             engine,
             cache_bytes,
         ))))
+    }
+
+    /// Like [`open`](Self::open), with an equal part of `budget` for the committed state
+    /// kept in memory in front of the database: the checkpoints of one process's tasks
+    /// share one budget (see [`SharedCacheBudget`]).
+    pub fn open_with_shared_cache(dir: &Path, budget: &Arc<SharedCacheBudget>) -> Result<Self> {
+        let engine = RocksEngine::open(&Self::db_dir(dir)?)?;
+        tracing::debug!(dir = %dir.display(), shared_cache_bytes = budget.bytes(), "opened checkpoint");
+        Ok(Self::with_engine(Arc::new(CachedEngine::sharing(
+            engine, budget,
+        ))))
+    }
+
+    /// The database directory of the checkpoint in `dir`, created if missing.
+    fn db_dir(dir: &Path) -> Result<std::path::PathBuf> {
+        let db_dir = dir.join(DB_DIR);
+        std::fs::create_dir_all(&db_dir).map_err(|e| {
+            StoreError::Storage(format!(
+                "creating checkpoint directory {}: {e}",
+                db_dir.display()
+            ))
+        })?;
+        Ok(db_dir)
     }
 
     /// Opens an existing checkpoint in `dir` for reading only, without taking its lock: it

@@ -60,11 +60,14 @@ impl Query {
                 opts.checkpoint.display()
             ))
         })?;
-        let checkpoint = Checkpoint::open_with_cache(
-            &opts.checkpoint,
-            opts.state_cache_bytes
-                .unwrap_or(statebox_state::DEFAULT_STATE_CACHE_BYTES),
-        )?;
+        let checkpoint = match &opts.shared_state_cache {
+            Some(shared) => Checkpoint::open_with_shared_cache(&opts.checkpoint, shared)?,
+            None => Checkpoint::open_with_cache(
+                &opts.checkpoint,
+                opts.state_cache_bytes
+                    .unwrap_or(statebox_state::DEFAULT_STATE_CACHE_BYTES),
+            )?,
+        };
         let config = match checkpoint.get_meta(meta::QUERY)? {
             Some(bytes) => {
                 let stored: QueryConfig = serde_json::from_slice(&bytes)
