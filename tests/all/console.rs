@@ -116,6 +116,9 @@ fn the_console_drives_tenants_pipelines_state_and_upgrades_in_a_real_browser() {
         })
         .collect();
     broker.produce("clicks", &rows);
+    // Another cluster: a pipeline of the form reads `clicks` above and writes here.
+    let elsewhere = Broker::start();
+    elsewhere.create_topic("counts", 2);
     let mut cmd = Command::new("node");
     cmd.arg(dir.join("console.test.mjs"))
         .current_dir(&dir)
@@ -124,6 +127,7 @@ fn the_console_drives_tenants_pipelines_state_and_upgrades_in_a_real_browser() {
         .env("STATEBOX_CHROMIUM", &chromium)
         .env("STATEBOX_COUNTER_WASM", guests::COUNTER)
         .env("STATEBOX_KAFKA_BROKER", &broker.addr)
+        .env("STATEBOX_KAFKA_BROKER2", &elsewhere.addr)
         .env("STATEBOX_KAFKA_ROWS", rows.len().to_string())
         .env(
             "STATEBOX_PROFILE_V1_WASM",
@@ -182,6 +186,12 @@ fn the_console_drives_tenants_pipelines_state_and_upgrades_in_a_real_browser() {
         counted_per_key(&broker.read_all("counts", "read_committed")),
         rows_per_key(&rows),
         "the Kafka pipeline created in the console did not count every record once"
+    );
+    // The second wrote to the other cluster, the same counts.
+    assert_eq!(
+        counted_per_key(&elsewhere.read_all("counts", "read_committed")),
+        rows_per_key(&rows),
+        "the pipeline writing to another cluster did not count every record once there"
     );
 }
 

@@ -24,6 +24,8 @@ const V1 = env('STATEBOX_PROFILE_V1_WASM');
 const V2 = env('STATEBOX_PROFILE_V2_WASM');
 const V3 = env('STATEBOX_PROFILE_V3_WASM');
 const KAFKA = env('STATEBOX_KAFKA_BROKER');
+// Another cluster, for a sink that writes elsewhere than its source reads.
+const KAFKA2 = env('STATEBOX_KAFKA_BROKER2');
 const KAFKA_ROWS = Number(env('STATEBOX_KAFKA_ROWS'));
 const SHOTS = process.env.STATEBOX_SCREENSHOTS || null;
 const CHROMIUM = process.env.STATEBOX_CHROMIUM || '/usr/bin/chromium';
@@ -424,12 +426,14 @@ async function run(page) {
   await api(second, 'GET', '/v1/tenant');
   await shot(page, 'admin');
 
-  log('the admin grants tenant A a Kafka broker');
+  log('the admin grants tenant A the brokers of two Kafka clusters');
   await acme.getByRole('button', { name: 'Kafka brokers…' }).click();
-  await page.locator('dialog input[name="brokers"]').fill(KAFKA);
+  await page.locator('dialog input[name="brokers"]').fill(`${KAFKA}, ${KAFKA2}`);
   await page.locator('dialog').getByRole('button', { name: 'Grant' }).click();
-  await waitText(acme.locator('.kafka-brokers'), new RegExp(KAFKA.replace(/\./g, '\\.')));
-  if (JSON.stringify((await api(tokenA, 'GET', '/v1/tenant')).kafka_brokers) !== JSON.stringify([KAFKA])) throw new Error('the Kafka grant was not stored');
+  await waitText(acme.locator('.kafka-brokers'), new RegExp(KAFKA2.replace(/\./g, '\\.')));
+  const grant = (await api(tokenA, 'GET', '/v1/tenant')).kafka_brokers;
+  const granted2 = [KAFKA, KAFKA2].sort();
+  if (JSON.stringify(grant) !== JSON.stringify(granted2)) throw new Error(`the Kafka grant was not stored: ${JSON.stringify(grant)}`);
   await logout(page);
 
   log('tenant A creates a pipeline from a Kafka topic to a Kafka topic in the form');
@@ -441,10 +445,12 @@ async function run(page) {
   await page.locator('dialog input[name="trigger_interval_ms"]').fill('200');
   if (await page.locator('dialog fieldset.kafka').isVisible()) throw new Error('Kafka fields shown for an HTTP pipeline');
   await page.locator('dialog select[name="source"]').selectOption('kafka');
-  // The broker granted is offered.
-  if (await page.locator('dialog input[name="kafka_brokers"]').inputValue() !== KAFKA) throw new Error('the granted broker is not filled in');
+  // The brokers granted are offered; this pipeline uses the first cluster on both sides.
+  if (await page.locator('dialog input[name="kafka_brokers"]').inputValue() !== granted2.join(', ')) throw new Error('the granted brokers are not filled in');
+  await page.locator('dialog input[name="kafka_brokers"]').fill(KAFKA);
   await page.locator('dialog input[name="kafka_topics"]').fill('clicks');
   await page.locator('dialog select[name="sink"]').selectOption('kafka');
+  if (await page.locator('dialog fieldset.kafka-sink-cluster').isVisible()) throw new Error('a second cluster shown before it was asked for');
   await page.locator('dialog input[name="kafka_topic"]').fill('counts');
   // The counter's rows are {key, count}: the grouping column `user` is not among them.
   await page.locator('dialog input[name="kafka_key"]').fill('key');
@@ -457,6 +463,8 @@ async function run(page) {
   const sink = created.sink && created.sink.kafka;
   if (!source || JSON.stringify(source.topics) !== '["clicks"]' || source.starting_offsets !== 'earliest') throw new Error(`not the Kafka source asked for: ${JSON.stringify(created.source)}`);
   if (!sink || sink.topic !== 'counts' || JSON.stringify(sink.key) !== '["key"]' || sink.delivery !== 'exactly-once') throw new Error(`not the Kafka sink asked for: ${JSON.stringify(created.sink)}`);
+  const one = (brokers, want) => JSON.stringify(brokers) === JSON.stringify([want]);
+  if (!one(source.brokers, KAFKA) || !one(sink.brokers, KAFKA)) throw new Error(`not the cluster asked for: ${JSON.stringify(created)}`);
   await until('every record of the topic processed', async () => (await processed(page)) === KAFKA_ROWS, 60_000)
     .catch(async (e) => {
       const p = await api(tokenA, 'GET', `/v1/pipelines/${kafkaId}`);
@@ -466,6 +474,33 @@ async function run(page) {
   await waitText(page.locator('main'), /reads the Kafka topic clicks on/);
   await tab(page, 'Output');
   await waitText(page.locator('main'), /writes its output to the Kafka topic counts on/);
+
+  log('tenant A creates a pipeline reading one Kafka cluster and writing to another');
+  await page.goto(`${URL}/#/pipelines`);
+  await page.getByRole('button', { name: 'New pipeline', exact: true }).click();
+  await page.locator('dialog select[name="processor"]').selectOption(counterProcessor);
+  await page.locator('dialog input[name="key"]').fill('user');
+  await page.locator('dialog input[name="name"]').fill('kafka-elsewhere');
+  await page.locator('dialog input[name="trigger_interval_ms"]').fill('200');
+  await page.locator('dialog select[name="source"]').selectOption('kafka');
+  await page.locator('dialog input[name="kafka_brokers"]').fill(KAFKA);
+  await page.locator('dialog input[name="kafka_topics"]').fill('clicks');
+  await page.locator('dialog select[name="sink"]').selectOption('kafka');
+  await page.locator('dialog input[name="kafka_topic"]').fill('counts');
+  await page.locator('dialog input[name="kafka_key"]').fill('key');
+  await page.locator('dialog input[name="sink_other_cluster"]').check();
+  await page.locator('dialog fieldset.kafka-sink-cluster').waitFor({ state: 'visible' });
+  await page.locator('dialog input[name="sink_kafka_brokers"]').fill(KAFKA2);
+  await page.locator('dialog').getByRole('button', { name: 'Create and start' }).click();
+  await page.waitForURL((u) => /#\/pipelines\/pl_/.test(u.hash) && !u.hash.includes(kafkaId));
+  const elsewhereId = page.url().match(/#\/pipelines\/(pl_[^/]+)/)[1];
+  const elsewhere = await api(tokenA, 'GET', `/v1/pipelines/${elsewhereId}`);
+  if (!one(elsewhere.source.kafka.brokers, KAFKA) || !one(elsewhere.sink.kafka.brokers, KAFKA2)) throw new Error(`not the clusters asked for: ${JSON.stringify(elsewhere)}`);
+  await until('every record of the topic processed by the second pipeline', async () => (await processed(page)) === KAFKA_ROWS, 60_000)
+    .catch(async (e) => {
+      const p = await api(tokenA, 'GET', `/v1/pipelines/${elsewhereId}`);
+      throw new Error(`${e.message}; the pipeline: ${JSON.stringify(p.status)} ${p.failure || ''}`);
+    });
 }
 
 main().then(() => {

@@ -102,8 +102,41 @@ export async function pipelinesView(main, queryString) {
 }
 
 /**
- * The Kafka part of the create form: where the rows come from and go to. One cluster (its
- * brokers and client options) serves both sides; the API also takes one per side.
+ * One Kafka cluster's fields: its brokers (the tenant's grant offered) and client options.
+ * `prefix` keeps two clusters' field names apart. `spec()` gives the API's
+ * `{brokers, options}`.
+ */
+function clusterFields(legend, cls, prefix, brokers) {
+  const brokersIn = h('input', { name: `${prefix}kafka_brokers`, value: brokers.join(', '), list: 'granted-brokers', placeholder: 'kafka-1.internal:9092', spellcheck: 'false' });
+  const protocol = h('select', { name: `${prefix}security_protocol` },
+    ['', 'PLAINTEXT', 'SASL_PLAINTEXT', 'SASL_SSL', 'SSL'].map((v) => h('option', { value: v }, v || 'default (PLAINTEXT)')));
+  const mechanism = h('select', { name: `${prefix}sasl_mechanism` },
+    ['', 'PLAIN', 'SCRAM-SHA-256', 'SCRAM-SHA-512'].map((v) => h('option', { value: v }, v || 'none')));
+  const username = h('input', { name: `${prefix}sasl_username`, autocomplete: 'off', spellcheck: 'false' });
+  const password = h('input', { name: `${prefix}sasl_password`, type: 'password', autocomplete: 'new-password' });
+  const fieldset = h('fieldset', { class: cls, hidden: true },
+    h('legend', {}, legend),
+    field('Brokers', brokersIn, brokers.length
+      ? `Granted to you: ${brokers.join(', ')}.`
+      : 'No brokers are granted to you yet: the admin grants them.'),
+    h('div', { class: 'grid2' }, field('Security protocol', protocol), field('SASL mechanism', mechanism)),
+    h('div', { class: 'grid2' }, field('SASL username', username), field('SASL password', password)));
+  const spec = () => {
+    const options = {};
+    if (protocol.value) options['security.protocol'] = protocol.value;
+    if (mechanism.value) options['sasl.mechanism'] = mechanism.value;
+    if (username.value) options['sasl.username'] = username.value;
+    if (password.value) options['sasl.password'] = password.value;
+    const cluster = { brokers: brokersIn.value.trim() };
+    if (Object.keys(options).length) cluster.options = options;
+    return cluster;
+  };
+  return { fieldset, spec };
+}
+
+/**
+ * The Kafka part of the create form: where the rows come from and go to. One cluster serves
+ * both sides unless the sink is set to another.
  */
 function kafkaFields(brokers) {
   const source = h('select', { name: 'source' },
@@ -111,13 +144,10 @@ function kafkaFields(brokers) {
   const sink = h('select', { name: 'sink' },
     h('option', { value: 'output' }, 'Output log'), h('option', { value: 'kafka' }, 'Kafka topic'));
   const list = h('datalist', { id: 'granted-brokers' }, brokers.map((b) => h('option', { value: b })));
-  const brokersIn = h('input', { name: 'kafka_brokers', value: brokers.join(', '), list: 'granted-brokers', placeholder: 'kafka-1.internal:9092', spellcheck: 'false' });
-  const protocol = h('select', { name: 'security_protocol' },
-    ['', 'PLAINTEXT', 'SASL_PLAINTEXT', 'SASL_SSL', 'SSL'].map((v) => h('option', { value: v }, v || 'default (PLAINTEXT)')));
-  const mechanism = h('select', { name: 'sasl_mechanism' },
-    ['', 'PLAIN', 'SCRAM-SHA-256', 'SCRAM-SHA-512'].map((v) => h('option', { value: v }, v || 'none')));
-  const username = h('input', { name: 'sasl_username', autocomplete: 'off', spellcheck: 'false' });
-  const password = h('input', { name: 'sasl_password', type: 'password', autocomplete: 'new-password' });
+  const cluster = clusterFields('Kafka cluster', 'kafka', '', brokers);
+  const sinkCluster = clusterFields('The sink\'s Kafka cluster', 'kafka-sink-cluster', 'sink_', brokers);
+  const otherCluster = h('input', { type: 'checkbox', name: 'sink_other_cluster' });
+  const otherClusterRow = h('label', { class: 'check' }, otherCluster, ' on another cluster than the source');
   const topics = h('input', { name: 'kafka_topics', placeholder: 'clicks or clicks, views', spellcheck: 'false' });
   const starting = h('select', { name: 'starting_offsets' },
     h('option', { value: 'earliest' }, 'earliest'), h('option', { value: 'latest' }, 'latest'));
@@ -127,13 +157,6 @@ function kafkaFields(brokers) {
   const delivery = h('select', { name: 'delivery' },
     h('option', { value: 'exactly-once' }, 'exactly-once'), h('option', { value: 'at-least-once' }, 'at-least-once'));
 
-  const cluster = h('fieldset', { class: 'kafka', hidden: true },
-    h('legend', {}, 'Kafka cluster'),
-    field('Brokers', brokersIn, brokers.length
-      ? `Granted to you: ${brokers.join(', ')}.`
-      : 'No brokers are granted to you yet: the admin grants them.'),
-    h('div', { class: 'grid2' }, field('Security protocol', protocol), field('SASL mechanism', mechanism)),
-    h('div', { class: 'grid2' }, field('SASL username', username), field('SASL password', password)));
   const from = h('fieldset', { class: 'kafka-source', hidden: true },
     h('legend', {}, 'Kafka source'),
     field('Topics', topics, 'Comma-separated. Each record\'s value is one JSON row.'),
@@ -145,30 +168,29 @@ function kafkaFields(brokers) {
     h('div', { class: 'grid2' },
       field('Topic', topic, 'One transaction per batch when exactly-once.'),
       field('Record key columns', key, 'Output columns, comma-separated; default: the pipeline\'s key columns.')),
-    field('Delivery', delivery));
+    field('Delivery', delivery),
+    otherClusterRow);
+  // With Kafka on both sides the sink may write to another cluster; with Kafka on one
+  // side, the one cluster is that side's.
+  const sinkElsewhere = () => source.value === 'kafka' && otherCluster.checked;
   const show = () => {
     from.hidden = source.value !== 'kafka';
     to.hidden = sink.value !== 'kafka';
-    cluster.hidden = from.hidden && to.hidden;
+    cluster.fieldset.hidden = from.hidden && to.hidden;
+    otherClusterRow.hidden = from.hidden;
+    sinkCluster.fieldset.hidden = to.hidden || !sinkElsewhere();
   };
-  source.addEventListener('change', show);
-  sink.addEventListener('change', show);
+  for (const control of [source, sink, otherCluster]) control.addEventListener('change', show);
 
   /** Sets `body.source` and `body.sink` when either side is Kafka. */
   function apply(body) {
-    const options = {};
-    if (protocol.value) options['security.protocol'] = protocol.value;
-    if (mechanism.value) options['sasl.mechanism'] = mechanism.value;
-    if (username.value) options['sasl.username'] = username.value;
-    if (password.value) options['sasl.password'] = password.value;
-    const common = { brokers: brokersIn.value.trim() };
-    if (Object.keys(options).length) common.options = options;
     if (source.value === 'kafka') {
-      body.source = { kafka: { ...common, topics: listItems(topics), starting_offsets: starting.value } };
+      body.source = { kafka: { ...cluster.spec(), topics: listItems(topics), starting_offsets: starting.value } };
       if (maxRecords.value) body.source.kafka.max_records_per_batch = Number(maxRecords.value);
     }
     if (sink.value === 'kafka') {
-      body.sink = { kafka: { ...common, topic: topic.value.trim(), delivery: delivery.value } };
+      const sinkSpec = sinkElsewhere() ? sinkCluster.spec() : cluster.spec();
+      body.sink = { kafka: { ...sinkSpec, topic: topic.value.trim(), delivery: delivery.value } };
       const recordKey = listItems(key);
       if (recordKey.length) body.sink.kafka.key = recordKey;
     }
@@ -176,7 +198,7 @@ function kafkaFields(brokers) {
 
   return {
     sides: h('div', { class: 'grid2' }, field('Source', source), field('Sink', sink)),
-    fieldsets: [list, cluster, from, to],
+    fieldsets: [list, cluster.fieldset, from, to, sinkCluster.fieldset],
     apply,
   };
 }
