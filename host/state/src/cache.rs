@@ -483,19 +483,20 @@ impl<E: KvEngine> CachedEngine<E> {
 
     /// Applies a committed write to the cache, in the batch's order.
     fn apply(&self, batch: &WriteBatch) {
-        let budget = self.shard_budget();
         let mut touched = [false; SHARDS];
         for op in batch.ops() {
             match op {
                 WriteOp::Put(k, v) if cached(k) => {
                     let i = self.shard_of(k);
                     touched[i] = true;
-                    self.shard(i).update(k, Some(v), budget);
+                    // Read per write: a cache that joins a shared budget meanwhile shrinks
+                    // this one's part at once.
+                    self.shard(i).update(k, Some(v), self.shard_budget());
                 }
                 WriteOp::Delete(k) if cached(k) => {
                     let i = self.shard_of(k);
                     touched[i] = true;
-                    self.shard(i).update(k, None, budget);
+                    self.shard(i).update(k, None, self.shard_budget());
                 }
                 WriteOp::DeleteRange(start, end) if range_may_hold_cached(start, end) => {
                     let one_collection = cached(start)
