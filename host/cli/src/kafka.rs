@@ -140,29 +140,21 @@ pub(crate) fn check_output_key(
     if KafkaUrl::parse(&w.output.to_string_lossy())?.is_none() {
         return Ok(());
     }
-    let Some(fields) = processor
-        .output_schema
-        .as_struct()
-        .filter(|s| !s.fields.is_empty())
-    else {
+    let Some(fields) = processor.output_schema.as_struct() else {
         return Ok(());
     };
-    let (columns, default) = if args.output_key.is_empty() {
-        (w.key_columns, true)
-    } else {
-        (args.output_key.as_slice(), false)
-    };
-    let Some(missing) = columns.iter().find(|c| fields.field(c).is_none()) else {
+    let output_columns: Vec<&str> = fields.fields.iter().map(|f| f.name.as_str()).collect();
+    let columns = statebox_kafka::record_key_columns(&args.output_key, w.key_columns);
+    let Some(missing) = statebox_kafka::missing_key_column(columns, &output_columns) else {
         return Ok(());
     };
-    let have = fields
-        .fields
+    let have = output_columns
         .iter()
-        .map(|f| format!("`{}`", f.name))
+        .map(|c| format!("`{c}`"))
         .collect::<Vec<_>>()
         .join(", ");
     let name = &processor.name;
-    if default {
+    if args.output_key.is_empty() {
         anyhow::bail!(
             "without --output-key each Kafka record's key is the grouping column `{missing}`, \
              which processor `{name}` does not output (its columns: {have}); name output \
@@ -218,11 +210,7 @@ pub(crate) fn task_options(
     let sink = SinkOptions {
         url: output,
         client_options: args.kafka_options.clone(),
-        key_columns: if args.output_key.is_empty() {
-            w.key_columns.to_vec()
-        } else {
-            args.output_key.clone()
-        },
+        key_columns: statebox_kafka::record_key_columns(&args.output_key, w.key_columns).to_vec(),
         delivery: Delivery::ExactlyOnce,
         ..SinkOptions::default()
     };

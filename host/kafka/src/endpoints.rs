@@ -53,6 +53,28 @@ pub struct QueryShape<'a> {
     pub bounded: bool,
 }
 
+/// The columns that make each output record's key: those the output names, or else the
+/// grouping key columns.
+pub fn record_key_columns<'a>(named: &'a [String], grouping: &'a [String]) -> &'a [String] {
+    if named.is_empty() { grouping } else { named }
+}
+
+/// The first of `key_columns` that is not among a processor's declared `output_columns`:
+/// the sink would fail every batch on it. `None` when all are there, and when the processor
+/// declares no columns (nothing to check against).
+pub fn missing_key_column<'a>(
+    key_columns: &'a [String],
+    output_columns: &[&str],
+) -> Option<&'a str> {
+    if output_columns.is_empty() {
+        return None;
+    }
+    key_columns
+        .iter()
+        .map(String::as_str)
+        .find(|c| !output_columns.contains(c))
+}
+
 /// The engine endpoints for a Kafka input and output (either may be absent: files, or the
 /// server's input log and output file, stand in).
 pub fn endpoints(
@@ -84,15 +106,10 @@ pub fn endpoints(
         endpoints.source = Some(Box::new(source));
     }
     if let Some(output) = output {
-        let key_columns = if output.key_columns.is_empty() {
-            query.key_columns.to_vec()
-        } else {
-            output.key_columns
-        };
         let sink = KafkaSink::new(SinkOptions {
+            key_columns: record_key_columns(&output.key_columns, query.key_columns).to_vec(),
             url: output.url,
             client_options: output.client_options,
-            key_columns,
             delivery: output.delivery,
             ..SinkOptions::default()
         })

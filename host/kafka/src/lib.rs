@@ -25,7 +25,9 @@ pub mod keys;
 mod sink;
 mod source;
 
-pub use crate::endpoints::{InputSettings, OutputSettings, QueryShape, endpoints};
+pub use crate::endpoints::{
+    InputSettings, OutputSettings, QueryShape, endpoints, missing_key_column, record_key_columns,
+};
 pub use crate::sink::{Delivery, KafkaSink, SinkOptions};
 pub use crate::source::{
     Column, DEFAULT_IDLE_TIMEOUT_MS, KafkaSource, SourceOptions, StartingOffsets,
@@ -175,6 +177,22 @@ fn io(what: impl std::fmt::Display, e: rdkafka::error::KafkaError) -> statebox_e
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_record_key_defaults_to_the_grouping_columns_and_must_be_output() {
+        let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let (grouping, named) = (strings(&["user"]), strings(&["key", "region"]));
+        assert_eq!(record_key_columns(&[], &grouping), grouping.as_slice());
+        assert_eq!(record_key_columns(&named, &grouping), named.as_slice());
+        let output = ["key", "count"];
+        assert_eq!(missing_key_column(&grouping, &output), Some("user"));
+        assert_eq!(missing_key_column(&named, &output), Some("region"));
+        assert_eq!(missing_key_column(&named[..1], &output), None);
+        // Case matters, as the sink reads rows.
+        assert_eq!(missing_key_column(&strings(&["Key"]), &output), Some("Key"));
+        // A processor that declares no columns is not checked.
+        assert_eq!(missing_key_column(&grouping, &[]), None);
+    }
 
     #[test]
     fn urls_parse_and_bad_ones_say_why() {

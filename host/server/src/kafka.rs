@@ -315,21 +315,12 @@ pub(crate) fn sink_key_missing(
         return None;
     };
     let schema = statebox_schema::Schema::parse_ddl(output_schema).ok()?;
-    let fields = schema.as_struct().filter(|s| !s.fields.is_empty())?;
-    let (columns, default) = if k.key.is_empty() {
-        (key, true)
-    } else {
-        (k.key.as_slice(), false)
-    };
-    let missing = columns.iter().find(|c| fields.field(c).is_none())?;
-    let have = quoted(
-        &fields
-            .fields
-            .iter()
-            .map(|f| f.name.clone())
-            .collect::<Vec<_>>(),
-    );
-    Some(if default {
+    let fields = schema.as_struct()?;
+    let output_columns: Vec<&str> = fields.fields.iter().map(|f| f.name.as_str()).collect();
+    let columns = statebox_kafka::record_key_columns(&k.key, key);
+    let missing = statebox_kafka::missing_key_column(columns, &output_columns)?;
+    let have = quoted(&output_columns);
+    Some(if k.key.is_empty() {
         format!(
             "`sink.kafka.key` is not set, so each record's key is the grouping column \
              `{missing}`, which processor `{processor}` does not output (its columns: {have}); \
@@ -540,7 +531,7 @@ impl App {
     }
 }
 
-fn quoted(items: &[String]) -> String {
+fn quoted(items: &[impl std::fmt::Display]) -> String {
     items
         .iter()
         .map(|t| format!("`{t}`"))
