@@ -193,6 +193,21 @@ fn the_console_drives_tenants_pipelines_state_and_upgrades_in_a_real_browser() {
         rows_per_key(&rows),
         "the pipeline writing to another cluster did not count every record once there"
     );
+    // The credentials rotated in the settings tab: the second save left the password field
+    // empty, which kept the password of the first.
+    let registry: Value = serde_json::from_str(
+        &std::fs::read_to_string(scratch.path().join("data").join("registry.json")).unwrap(),
+    )
+    .unwrap();
+    let rotated: Vec<&Value> = registry["pipelines"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|p| &p["source"]["kafka"]["options"])
+        .filter(|o| o["sasl.username"] == "rotated-again")
+        .collect();
+    assert_eq!(rotated.len(), 1, "{registry}");
+    assert_eq!(rotated[0]["sasl.password"], "p4ss-1", "{registry}");
 }
 
 /// A request: status and parsed body.

@@ -330,6 +330,69 @@ fn serve_kafka_pipelines_count_a_topic_into_a_topic_and_into_the_output_log() {
     wait_counted(&a, &to_topic, &produced);
     wait_counted(&a, &to_log, &produced);
 
+    // Rotating the credentials: the running pipeline's client options are replaced (per
+    // side, the whole list) and it restarts with them, resuming at its offsets. The
+    // password is shown redacted and kept when given back redacted; bad requests are named.
+    let options = format!("/v1/pipelines/{to_topic}/kafka/options");
+    let rotated = a
+        .put(
+            &options,
+            &json!({
+                "source": {"client.id": "rotated-source", "sasl.username": "u", "sasl.password": "s3cret-1"},
+                "sink": {"client.id": "rotated-sink"},
+            }),
+        )
+        .ok();
+    assert_eq!(rotated["restarted"], true, "{rotated}");
+    let shown = &rotated["source"]["kafka"]["options"];
+    assert_eq!(shown["client.id"], "rotated-source", "{rotated}");
+    assert_eq!(shown["sasl.password"], "<redacted>", "{rotated}");
+    assert_eq!(
+        rotated["sink"]["kafka"]["options"]["client.id"],
+        "rotated-sink"
+    );
+    assert_eq!(rotated["source"]["kafka"]["topics"], json!(["clicks"]));
+    let stored_password = || {
+        let text = std::fs::read_to_string(data.join("registry.json")).unwrap();
+        let registry: Value = serde_json::from_str(&text).unwrap();
+        registry["pipelines"][&to_topic]["source"]["kafka"]["options"]["sasl.password"].clone()
+    };
+    assert_eq!(stored_password(), "s3cret-1");
+    a.put(
+        &options,
+        &json!({"source": {"client.id": "again", "sasl.username": "u", "sasl.password": "<redacted>"}}),
+    )
+    .ok();
+    assert_eq!(
+        stored_password(),
+        "s3cret-1",
+        "`<redacted>` keeps the password"
+    );
+    a.put(
+        &options,
+        &json!({"source": {"ssl.ca.location": "/etc/shadow"}}),
+    )
+    .error(
+        422,
+        &["source.kafka.options.ssl.ca.location", "not allowed"],
+    );
+    a.put(&options, &json!({}))
+        .error(400, &["`source`, `sink`"]);
+    a.put(&options, &json!({"brokers": "elsewhere:1"}))
+        .error(400, &["brokers"]);
+    a.put(
+        &format!("/v1/pipelines/{to_log}/kafka/options"),
+        &json!({"sink": {"client.id": "x"}}),
+    )
+    .error(400, &["`sink`", "does not write to Kafka"]);
+    let b = tenant(&server, "b", json!({}));
+    b.put(&options, &json!({"source": {"client.id": "x"}}))
+        .error(404, &[]);
+    assert_eq!(stored_password(), "s3cret-1");
+    broker.produce("clicks", &user_rows(200, 150, &mut rng, &mut produced));
+    wait_counted(&a, &to_topic, &produced);
+    assert_eq!(a.status(&to_topic)["status"]["state"], "running");
+
     // Revoking the grant stops both; they cannot start again without it.
     let answer = grant(&a, &[]);
     let mut stopped: Vec<&str> = answer["stopped"]

@@ -475,6 +475,30 @@ async function run(page) {
   await tab(page, 'Output');
   await waitText(page.locator('main'), /writes its output to the Kafka topic counts on/);
 
+  log('tenant A rotates the Kafka source\'s credentials in the settings tab');
+  await tab(page, 'Settings & upgrade');
+  const sourceForm = page.locator('form.kafka-options.source');
+  await sourceForm.locator('input[name="source-kafka-sasl.username"]').fill('rotated');
+  await sourceForm.locator('input[name="source-kafka-sasl.password"]').fill('p4ss-1');
+  await sourceForm.getByRole('button', { name: 'Save and restart' }).click();
+  await waitText(sourceForm, /Saved the source's options; the pipeline restarted with them/);
+  const rotatedOnce = (await api(tokenA, 'GET', `/v1/pipelines/${kafkaId}`)).source.kafka.options || {};
+  if (rotatedOnce['sasl.username'] !== 'rotated' || rotatedOnce['sasl.password'] !== '<redacted>') throw new Error(`the rotated options were not stored: ${JSON.stringify(rotatedOnce)}`);
+  // An empty password field keeps the stored password.
+  if (await sourceForm.locator('input[name="source-kafka-sasl.password"]').getAttribute('placeholder') !== 'unchanged') throw new Error('the password field does not say it keeps the stored one');
+  await sourceForm.locator('input[name="source-kafka-sasl.username"]').fill('rotated-again');
+  await sourceForm.getByRole('button', { name: 'Save and restart' }).click();
+  await waitText(sourceForm, /Saved the source's options/);
+  await until('the second rotation stored', async () => {
+    const o = (await api(tokenA, 'GET', `/v1/pipelines/${kafkaId}`)).source.kafka.options || {};
+    return o['sasl.username'] === 'rotated-again' && o['sasl.password'] === '<redacted>';
+  });
+  await shot(page, 'kafka-credentials');
+  await until('the pipeline running again after the rotations', async () => {
+    const p = await api(tokenA, 'GET', `/v1/pipelines/${kafkaId}`);
+    return p.status && p.status.state === 'running';
+  }, 30_000);
+
   log('tenant A creates a pipeline reading one Kafka cluster and writing to another');
   await page.goto(`${URL}/#/pipelines`);
   await page.getByRole('button', { name: 'New pipeline', exact: true }).click();

@@ -63,6 +63,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/v1/pipelines/{id}/start", post(start_pipeline))
         .route("/v1/pipelines/{id}/processor", put(upgrade_pipeline))
         .route("/v1/pipelines/{id}/capabilities", put(grant_capabilities))
+        .route("/v1/pipelines/{id}/kafka/options", put(set_kafka_options))
         .route("/v1/pipelines/{id}/state", get(read_state))
         .route("/v1/pipelines/{id}/state/changes", get(read_changes))
         .route("/v1/pipelines/{id}/state/metadata", get(read_metadata))
@@ -623,6 +624,24 @@ async fn upgrade_pipeline(
     let mut body = pipeline_view_json(&upgraded.pipeline);
     body["upgrade_report"] = json!(upgraded.report);
     body["http_grant_dropped"] = json!(upgraded.http_grant_dropped);
+    Ok(axum::Json(body))
+}
+
+/// Replaces a pipeline's Kafka client options, e.g. to rotate its SASL credentials (see
+/// [`App::set_kafka_options`]).
+async fn set_kafka_options(
+    State(app): AppState,
+    TenantId(tenant): TenantId,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<axum::Json<Value>> {
+    let body = read_body(&app, &headers, body, SMALL_BODY, "request body").await?;
+    let change: crate::kafka::KafkaOptionsChange = parse_json(&body)?;
+    let (pipeline, restarted) =
+        blocking(move || app.set_kafka_options(&tenant, &id, change)).await??;
+    let mut body = pipeline_view_json(&pipeline);
+    body["restarted"] = json!(restarted);
     Ok(axum::Json(body))
 }
 

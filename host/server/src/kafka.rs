@@ -17,11 +17,14 @@
 //! - **Client options.** Tenants pass librdkafka settings only from [`ALLOWED_OPTIONS`]
 //!   (authentication and the client id); anything else is refused (HTTP 422, naming it):
 //!   others read host files (`ssl.*.location`), load code (`plugin.library.paths`) or run
-//!   commands (`sasl.kerberos.kinit.cmd`).
+//!   commands (`sasl.kerberos.kinit.cmd`). A pipeline's options can be replaced later
+//!   (`PUT /v1/pipelines/{id}/kafka/options`, [`App::set_kafka_options`]) to rotate its
+//!   credentials; its brokers and topics cannot.
 //! - **Ingest and output.** A pipeline with a Kafka source refuses HTTP ingest and runs its
 //!   batches on its trigger interval; one with a Kafka sink has no output log to read.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize};
@@ -31,6 +34,7 @@ use statebox_kafka::{Column, Delivery, InputSettings, KafkaUrl, OutputSettings, 
 
 use crate::App;
 use crate::app::AppError;
+use crate::app::pipelines::Pipeline;
 use crate::pipeline::RunState;
 use crate::registry::{Desired, PipelineRecord};
 
@@ -551,6 +555,9 @@ fn client_options(
         .collect())
 }
 
+/// What a pipeline's JSON shows in place of a SASL password.
+const REDACTED: &str = "<redacted>";
+
 /// A pipeline's JSON as shown to its tenant: secrets among its Kafka options redacted.
 pub(crate) fn redact(pipeline: &mut Value) {
     for side in ["source", "sink"] {
@@ -561,7 +568,7 @@ pub(crate) fn redact(pipeline: &mut Value) {
             .and_then(Value::as_object_mut)
             && let Some(p) = options.get_mut("sasl.password")
         {
-            *p = json!("<redacted>");
+            *p = json!(REDACTED);
         }
     }
 }
@@ -627,6 +634,116 @@ impl App {
         tracing::info!(tenant = %id, brokers = ?brokers, "Kafka brokers granted");
         Ok((brokers, stopped))
     }
+
+    /// Replaces the client options of the tenant's pipeline `id`'s Kafka source, sink or
+    /// both (the side's complete list): how credentials are rotated. Brokers and topics stay
+    /// as they are, so the pipeline's offsets and its sink's transactions carry on. A
+    /// `sasl.password` of `<redacted>` (as the pipeline's JSON shows it) keeps the stored
+    /// one. A running pipeline restarts with the new options after its current batch; a
+    /// stopped or failed one gets them when it starts again. Blocks (up to the stop wait).
+    pub(crate) fn set_kafka_options(
+        self: &Arc<Self>,
+        tenant: &str,
+        id: &str,
+        change: KafkaOptionsChange,
+    ) -> Result<(Pipeline, bool)> {
+        if change.source.is_none() && change.sink.is_none() {
+            return Err(AppError::bad_input(
+                "give `source`, `sink` or both: the client options of that side of the pipeline",
+            ));
+        }
+        let h = self.pipeline_handle(tenant, id)?;
+        let record = {
+            let mut registry = self.registry.lock().expect("registry lock");
+            let record = registry
+                .data
+                .pipelines
+                .get_mut(id)
+                .filter(|r| r.tenant == tenant)
+                .ok_or_else(|| AppError::not_found("pipeline", id))?;
+            let mut updated = record.clone();
+            if let Some(options) = change.source {
+                let SourceSpec::Kafka(k) = &mut updated.source else {
+                    return Err(AppError::bad_input(
+                        "`source`: the pipeline does not read from Kafka",
+                    ));
+                };
+                k.options = replaced_options("source", &k.options, options)?;
+            }
+            if let Some(options) = change.sink {
+                let SinkSpec::Kafka(k) = &mut updated.sink else {
+                    return Err(AppError::bad_input(
+                        "`sink`: the pipeline does not write to Kafka",
+                    ));
+                };
+                k.options = replaced_options("sink", &k.options, options)?;
+            }
+            *record = updated.clone();
+            crate::app::tenants::save(&registry)?;
+            updated
+        };
+        let restarted = if !h.is_running() {
+            false
+        } else if !h.stop(self.config.http.stop_wait) {
+            // Restarts with the new options once the current processor call returns.
+            let (app, h2, record2) = (self.clone(), h.clone(), record.clone());
+            h.stop_then(Duration::ZERO, move || {
+                if let Err(e) = app.start_runner(&record2, &h2) {
+                    app.pipeline_failed(
+                        &h2.id,
+                        &format!("cannot restart with the new Kafka options: {e}"),
+                    );
+                }
+            });
+            true
+        } else {
+            self.start_runner(&record, &h).map_err(|e| {
+                AppError::conflict(format!(
+                    "the options are stored, but the pipeline could not restart with them: {e}"
+                ))
+            })?;
+            true
+        };
+        tracing::info!(pipeline = %id, restarted, "pipeline Kafka options replaced");
+        let pipeline = Pipeline {
+            record,
+            handle: Some(h),
+        };
+        Ok((pipeline, restarted))
+    }
+}
+
+/// A request to replace a pipeline's Kafka client options
+/// (`PUT /v1/pipelines/{id}/kafka/options`): per side, the complete list.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct KafkaOptionsChange {
+    #[serde(default)]
+    pub source: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub sink: Option<BTreeMap<String, String>>,
+}
+
+/// The options that replace `current` on `side`: checked as a new pipeline's are, with a
+/// redacted `sasl.password` standing for the stored one.
+fn replaced_options(
+    side: &str,
+    current: &BTreeMap<String, String>,
+    mut options: BTreeMap<String, String>,
+) -> Result<BTreeMap<String, String>> {
+    let field = format!("{side}.kafka.options");
+    if let Some(p) = options.get_mut("sasl.password")
+        && p == REDACTED
+    {
+        *p = current.get("sasl.password").cloned().ok_or_else(|| {
+            AppError::bad_input(format!(
+                "`{field}.sasl.password`: `{REDACTED}` keeps the stored password, but the \
+                 pipeline has none; give the password"
+            ))
+        })?;
+    }
+    check_options(&field, &options)?;
+    Ok(options)
 }
 
 #[cfg(test)]
@@ -635,6 +752,54 @@ mod tests {
 
     fn source(v: Value) -> SourceSpec {
         serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn replaced_options_keep_a_redacted_password_and_are_checked() {
+        let opts = |v: Value| -> BTreeMap<String, String> { serde_json::from_value(v).unwrap() };
+        let current = opts(json!({"sasl.username": "u", "sasl.password": "old"}));
+        let kept = replaced_options(
+            "source",
+            &current,
+            opts(json!({"sasl.username": "v", "sasl.password": REDACTED})),
+        )
+        .unwrap();
+        assert_eq!(
+            kept,
+            opts(json!({"sasl.username": "v", "sasl.password": "old"}))
+        );
+        let new = opts(json!({"sasl.password": "new", "client.id": "c"}));
+        assert_eq!(
+            replaced_options("sink", &current, new.clone()).unwrap(),
+            new
+        );
+        // The whole list is replaced: what is not given is gone.
+        assert_eq!(
+            replaced_options("sink", &current, BTreeMap::new()).unwrap(),
+            BTreeMap::new()
+        );
+        let e = replaced_options(
+            "sink",
+            &BTreeMap::new(),
+            opts(json!({"sasl.password": REDACTED})),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("`sink.kafka.options.sasl.password`") && e.contains("has none"),
+            "{e}"
+        );
+        let e = replaced_options(
+            "source",
+            &current,
+            opts(json!({"plugin.library.paths": "/x.so"})),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("`source.kafka.options.plugin.library.paths`"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -304,7 +304,9 @@ function settingsTab(base, live, processors, changed) {
   }
 
   const grantList = (p.http_hosts || []).length ? p.http_hosts.join(', ') : 'none (only the admin can grant them)';
+  const kafkaSides = [['source', p.source && p.source.kafka], ['sink', p.sink && p.sink.kafka]].filter(([, k]) => k);
   return [
+    ...kafkaSides.map(([side, k]) => kafkaOptionsCard(base, side, k, changed)),
     h('section', { class: 'card' }, h('h2', {}, 'Upgrade the processor'),
       others.length
         ? h('div', {}, h('p', { class: 'dim small' }, 'The check runs the new processor’s init in describe mode against every state variable’s schema history; nothing changes until you confirm.'),
@@ -323,3 +325,58 @@ function settingsTab(base, live, processors, changed) {
   ];
 }
 
+
+/**
+ * A Kafka side's authentication, editable: how credentials are rotated. Saving replaces the
+ * side's client options (PUT .../kafka/options); options without a field here are kept, and
+ * an empty password keeps the stored one. A running pipeline restarts with them.
+ */
+function kafkaOptionsCard(base, side, k, changed) {
+  // The side's options as last stored (`sasl.password` shown as `<redacted>`).
+  let stored = k.options || {};
+  const hasPassword = () => 'sasl.password' in stored;
+  const prefix = `${side}-kafka-`;
+  const choice = (name, values, none) => h('select', { name: `${prefix}${name}` },
+    values.map((v) => h('option', { value: v, selected: v === (stored[name] || '') }, v || none)));
+  const protocol = choice('security.protocol', ['', 'PLAINTEXT', 'SASL_PLAINTEXT', 'SASL_SSL', 'SSL'], 'default (PLAINTEXT)');
+  const mechanism = choice('sasl.mechanism', ['', 'PLAIN', 'SCRAM-SHA-256', 'SCRAM-SHA-512'], 'none');
+  const username = h('input', { name: `${prefix}sasl.username`, value: stored['sasl.username'] || '', autocomplete: 'off', spellcheck: 'false' });
+  const password = h('input', { name: `${prefix}sasl.password`, type: 'password', autocomplete: 'new-password' });
+  const passwordHint = () => {
+    password.placeholder = hasPassword() ? 'unchanged' : '';
+    return hasPassword() ? 'Leave empty to keep the stored password.' : 'No password is stored.';
+  };
+  const passwordField = field('SASL password', password, passwordHint());
+  const result = h('div', { 'aria-live': 'polite' });
+  const save = h('button', { type: 'submit', class: 'primary' }, 'Save and restart');
+  const form = h('form', {
+    class: `kafka-options ${side}`,
+    onsubmit: async (e) => {
+      e.preventDefault();
+      const options = { ...stored };
+      for (const [name, control] of [['security.protocol', protocol], ['sasl.mechanism', mechanism], ['sasl.username', username]]) {
+        if (control.value) options[name] = control.value; else delete options[name];
+      }
+      // The server shows the stored password redacted and keeps it when sent back so.
+      if (password.value) options['sasl.password'] = password.value;
+      else if (!hasPassword()) delete options['sasl.password'];
+      save.disabled = true;
+      try {
+        const np = await put(`${base}/kafka/options`, { [side]: options });
+        changed(np);
+        stored = np[side].kafka.options || {};
+        password.value = '';
+        passwordField.querySelector('.hint').textContent = passwordHint();
+        fill(result, h('div', { class: 'ok-box', role: 'status' },
+          `Saved the ${side}'s options${np.restarted ? '; the pipeline restarted with them' : '; the pipeline gets them at its next start'}.`));
+        notify('Kafka options saved');
+      } catch (err) { fill(result, errorBox(err, 'The options were refused')); } finally { save.disabled = false; }
+    },
+  },
+  h('p', { class: 'dim small' }, `${side === 'source' ? 'Reads' : 'Writes'} ${side === 'source' ? k.topics.join(', ') : k.topic} on ${k.brokers.join(', ')}. Brokers and topics stay; the pipeline carries on from its offsets.`),
+  h('div', { class: 'grid2' }, field('Security protocol', protocol), field('SASL mechanism', mechanism)),
+  h('div', { class: 'grid2' }, field('SASL username', username), passwordField),
+  h('div', { class: 'toolbar' }, save),
+  result);
+  return h('section', { class: 'card' }, h('h2', {}, `Kafka ${side}: credentials`), form);
+}
