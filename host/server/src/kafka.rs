@@ -682,28 +682,7 @@ impl App {
             crate::app::tenants::save(&registry)?;
             updated
         };
-        let restarted = if !h.is_running() {
-            false
-        } else if !h.stop(self.config.http.stop_wait) {
-            // Restarts with the new options once the current processor call returns.
-            let (app, h2, record2) = (self.clone(), h.clone(), record.clone());
-            h.stop_then(Duration::ZERO, move || {
-                if let Err(e) = app.start_runner(&record2, &h2) {
-                    app.pipeline_failed(
-                        &h2.id,
-                        &format!("cannot restart with the new Kafka options: {e}"),
-                    );
-                }
-            });
-            true
-        } else {
-            self.start_runner(&record, &h).map_err(|e| {
-                AppError::conflict(format!(
-                    "the options are stored, but the pipeline could not restart with them: {e}"
-                ))
-            })?;
-            true
-        };
+        let restarted = self.restart_with(&record, &h, "the new Kafka options")?;
         tracing::info!(pipeline = %id, restarted, "pipeline Kafka options replaced");
         let pipeline = Pipeline {
             record,

@@ -592,25 +592,7 @@ impl App {
             }
             save(&registry)?;
         }
-        let restarted = if !h.is_running() {
-            Ok(false)
-        } else if !h.stop(self.config.http.stop_wait) {
-            // Restarts with the grant once the current processor call returns.
-            let (app, h2, granted2) = (self.clone(), h.clone(), granted.clone());
-            h.stop_then(Duration::ZERO, move || {
-                if let Err(e) = app.start_runner(&granted2, &h2) {
-                    app.pipeline_failed(&h2.id, &format!("cannot restart with the grant: {e}"));
-                }
-            });
-            Ok(true)
-        } else {
-            self.start_runner(&granted, &h).map(|()| true)
-        }
-        .map_err(|e| {
-            AppError::conflict(format!(
-                "the grant is stored, but the pipeline could not restart with it: {e}"
-            ))
-        })?;
+        let restarted = self.restart_with(&granted, &h, "the grant")?;
         tracing::info!(pipeline = %id, hosts = ?granted.http_hosts, "pipeline capabilities granted");
         Ok(Granted {
             pipeline: Pipeline {
@@ -619,5 +601,36 @@ impl App {
             },
             restarted,
         })
+    }
+
+    /// Restarts pipeline `h`, if it is running, with `record`: its settings as just stored
+    /// with a change (`what`: "the grant", ...). At once when its runner stops within the
+    /// stop wait, else once its current processor call returns (a failure to start then
+    /// marks it failed). Returns whether it was running; 409 when it could not start now.
+    pub(crate) fn restart_with(
+        self: &Arc<Self>,
+        record: &PipelineRecord,
+        h: &Arc<PipelineHandle>,
+        what: &str,
+    ) -> AppResult<bool> {
+        if !h.is_running() {
+            return Ok(false);
+        }
+        if !h.stop(self.config.http.stop_wait) {
+            let (app, h2, record2, what2) =
+                (self.clone(), h.clone(), record.clone(), what.to_owned());
+            h.stop_then(Duration::ZERO, move || {
+                if let Err(e) = app.start_runner(&record2, &h2) {
+                    app.pipeline_failed(&h2.id, &format!("cannot restart with {what2}: {e}"));
+                }
+            });
+            return Ok(true);
+        }
+        self.start_runner(record, h).map_err(|e| {
+            AppError::conflict(format!(
+                "the pipeline could not restart with {what} (which is stored): {e}"
+            ))
+        })?;
+        Ok(true)
     }
 }
