@@ -325,7 +325,6 @@ function settingsTab(base, live, processors, changed) {
   ];
 }
 
-
 /**
  * A Kafka side's authentication, editable: how credentials are rotated. Saving replaces the
  * side's client options (PUT .../kafka/options); options without a field here are kept, and
@@ -336,8 +335,10 @@ function kafkaOptionsCard(base, side, k, changed) {
   let stored = k.options || {};
   const hasPassword = () => 'sasl.password' in stored;
   const prefix = `${side}-kafka-`;
+  // A stored value the list lacks (another spelling librdkafka accepts) stays selectable, so
+  // saving the other fields keeps it.
   const choice = (name, values, none) => h('select', { name: `${prefix}${name}` },
-    values.map((v) => h('option', { value: v, selected: v === (stored[name] || '') }, v || none)));
+    [...new Set([...values, stored[name] || ''])].map((v) => h('option', { value: v, selected: v === (stored[name] || '') }, v || none)));
   const protocol = choice('security.protocol', ['', 'PLAINTEXT', 'SASL_PLAINTEXT', 'SASL_SSL', 'SSL'], 'default (PLAINTEXT)');
   const mechanism = choice('sasl.mechanism', ['', 'PLAIN', 'SCRAM-SHA-256', 'SCRAM-SHA-512'], 'none');
   const username = h('input', { name: `${prefix}sasl.username`, value: stored['sasl.username'] || '', autocomplete: 'off', spellcheck: 'false' });
