@@ -376,6 +376,21 @@ fn serve_kafka_pipelines_count_a_topic_into_a_topic_and_into_the_output_log() {
         422,
         &["source.kafka.options.ssl.ca.location", "not allowed"],
     );
+    // A change refused on one side changes neither.
+    a.put(
+        &options,
+        &json!({"source": {"client.id": "half"}, "sink": {"ssl.ca.location": "/etc/shadow"}}),
+    )
+    .error(422, &["sink.kafka.options.ssl.ca.location"]);
+    let kept = a.status(&to_topic);
+    assert_eq!(
+        kept["source"]["kafka"]["options"]["client.id"], "again",
+        "{kept}"
+    );
+    assert_eq!(
+        kept["sink"]["kafka"]["options"]["client.id"], "rotated-sink",
+        "{kept}"
+    );
     a.put(&options, &json!({}))
         .error(400, &["`source`, `sink`"]);
     a.put(&options, &json!({"brokers": "elsewhere:1"}))

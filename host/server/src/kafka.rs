@@ -653,17 +653,9 @@ impl App {
             ));
         }
         let h = self.pipeline_handle(tenant, id)?;
-        let record = {
-            let mut registry = self.registry.lock().expect("registry lock");
-            let record = registry
-                .data
-                .pipelines
-                .get_mut(id)
-                .filter(|r| r.tenant == tenant)
-                .ok_or_else(|| AppError::not_found("pipeline", id))?;
-            let mut updated = record.clone();
+        let record = self.update_pipeline_record(tenant, id, |r| {
             if let Some(options) = change.source {
-                let SourceSpec::Kafka(k) = &mut updated.source else {
+                let SourceSpec::Kafka(k) = &mut r.source else {
                     return Err(AppError::bad_input(
                         "`source`: the pipeline does not read from Kafka",
                     ));
@@ -671,17 +663,15 @@ impl App {
                 k.options = replaced_options("source", &k.options, options)?;
             }
             if let Some(options) = change.sink {
-                let SinkSpec::Kafka(k) = &mut updated.sink else {
+                let SinkSpec::Kafka(k) = &mut r.sink else {
                     return Err(AppError::bad_input(
                         "`sink`: the pipeline does not write to Kafka",
                     ));
                 };
                 k.options = replaced_options("sink", &k.options, options)?;
             }
-            *record = updated.clone();
-            crate::app::tenants::save(&registry)?;
-            updated
-        };
+            Ok(())
+        })?;
         let restarted = self.restart_with(&record, &h, "the new Kafka options")?;
         tracing::info!(pipeline = %id, restarted, "pipeline Kafka options replaced");
         let pipeline = Pipeline {
@@ -694,7 +684,7 @@ impl App {
 
 /// A request to replace a pipeline's Kafka client options
 /// (`PUT /v1/pipelines/{id}/kafka/options`): per side, the complete list.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct KafkaOptionsChange {
     #[serde(default)]

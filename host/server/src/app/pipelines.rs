@@ -296,6 +296,29 @@ impl App {
             .ok_or_else(|| AppError::not_found("pipeline", id))
     }
 
+    /// Changes the tenant's pipeline `id`'s stored record with `change` and saves the
+    /// registry; returns the record as stored. `change` works on a copy, so a change that
+    /// fails leaves the record as it was.
+    pub(crate) fn update_pipeline_record(
+        &self,
+        tenant: &str,
+        id: &str,
+        change: impl FnOnce(&mut PipelineRecord) -> AppResult<()>,
+    ) -> AppResult<PipelineRecord> {
+        let mut registry = self.registry.lock().expect("registry lock");
+        let record = registry
+            .data
+            .pipelines
+            .get_mut(id)
+            .filter(|r| r.tenant == tenant)
+            .ok_or_else(|| AppError::not_found("pipeline", id))?;
+        let mut updated = record.clone();
+        change(&mut updated)?;
+        *record = updated.clone();
+        save(&registry)?;
+        Ok(updated)
+    }
+
     /// The live handle of the tenant's pipeline `id`.
     pub(crate) fn pipeline_handle(&self, tenant: &str, id: &str) -> AppResult<Arc<PipelineHandle>> {
         self.pipeline(tenant, id)
@@ -364,20 +387,12 @@ impl App {
     pub(crate) fn stop_pipeline(&self, tenant: &str, id: &str) -> AppResult<Pipeline> {
         let h = self.pipeline_handle(tenant, id)?;
         h.stop(self.config.http.stop_wait);
-        let record = {
-            let mut registry = self.registry.lock().expect("registry lock");
-            let record = registry
-                .data
-                .pipelines
-                .get_mut(id)
-                .ok_or_else(|| AppError::not_found("pipeline", id))?;
-            if record.desired == Desired::Running {
-                record.desired = Desired::Stopped;
+        let record = self.update_pipeline_record(tenant, id, |r| {
+            if r.desired == Desired::Running {
+                r.desired = Desired::Stopped;
             }
-            let record = record.clone();
-            save(&registry)?;
-            record
-        };
+            Ok(())
+        })?;
         Ok(Pipeline {
             record,
             handle: Some(h),
@@ -388,19 +403,15 @@ impl App {
     /// its processor loads and its `init` runs.
     pub(crate) fn start_pipeline(self: &Arc<Self>, tenant: &str, id: &str) -> AppResult<Pipeline> {
         let h = self.pipeline_handle(tenant, id)?;
-        let mut record = self.pipeline_record(tenant, id)?;
+        let record = self.pipeline_record(tenant, id)?;
         self.check_kafka_grant(tenant, &record.source, &record.sink)?;
         self.start_runner(&record, &h)
             .map_err(|e| AppError::conflict(format!("cannot start the pipeline: {e}")))?;
-        {
-            let mut registry = self.registry.lock().expect("registry lock");
-            if let Some(r) = registry.data.pipelines.get_mut(id) {
-                r.desired = Desired::Running;
-                r.failure = None;
-                record = r.clone();
-            }
-            save(&registry)?;
-        }
+        let record = self.update_pipeline_record(tenant, id, |r| {
+            r.desired = Desired::Running;
+            r.failure = None;
+            Ok(())
+        })?;
         Ok(Pipeline {
             record,
             handle: Some(h),
@@ -510,20 +521,16 @@ impl App {
         } else if !was_running {
             *h.ingest.lock().expect("ingest lock") = Arc::new(ingest_check(&upgraded, &loaded));
         }
-        {
-            let mut registry = self.registry.lock().expect("registry lock");
-            if let Some(r) = registry.data.pipelines.get_mut(id) {
-                r.processor = upgraded.processor.clone();
-                // Checked again here: a grant stored meanwhile was for the old component.
-                if r.http_hosts_for.as_deref() != Some(new_hash.as_str()) {
-                    grant_dropped |= !r.http_hosts.is_empty();
-                    r.http_hosts.clear();
-                    r.http_hosts_for = None;
-                }
-                upgraded = r.clone();
+        let upgraded = self.update_pipeline_record(tenant, id, |r| {
+            r.processor = upgraded.processor.clone();
+            // Checked again here: a grant stored meanwhile was for the old component.
+            if r.http_hosts_for.as_deref() != Some(new_hash.as_str()) {
+                grant_dropped |= !r.http_hosts.is_empty();
+                r.http_hosts.clear();
+                r.http_hosts_for = None;
             }
-            save(&registry)?;
-        }
+            Ok(())
+        })?;
         tracing::info!(
             pipeline = %id,
             processor = %upgraded.processor,
