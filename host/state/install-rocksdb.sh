@@ -21,6 +21,15 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 out="${XDG_CACHE_HOME:-$HOME/.cache}/statebox/rocksdb-release"
 prefix=/usr/local/lib
 
+# One run at a time: a second (another checkout's setup, say) waits, then finds the library
+# built and installed.
+mkdir -p "$out"
+exec 9>"$out/.lock"
+if ! flock -n 9; then
+    echo "install-rocksdb.sh: another run is building or installing RocksDB; waiting for it" >&2
+    flock 9
+fi
+
 # The sources: the librocksdb-sys package of the lock file.
 cargo fetch --locked --quiet --manifest-path "$root/Cargo.toml"
 sys_dir="$(cargo metadata --locked --format-version 1 --manifest-path "$root/Cargo.toml" |
