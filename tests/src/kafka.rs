@@ -94,6 +94,14 @@ impl Broker {
             .args(["--listener-url", &format!("tcp://{addr}")])
             .args(["--advertised-listener-url", &format!("tcp://{addr}")])
             .args(["--storage-engine", "memory://tansu/"])
+            // Errors, and the group coordinator's decisions (missed heartbeats, leaders):
+            // what a failing group test needs to be understood. `STATEBOX_TANSU_LOG`
+            // (a tracing filter, e.g. `tansu_broker::coordinator=debug`) shows more.
+            .env(
+                "RUST_LOG",
+                std::env::var("STATEBOX_TANSU_LOG")
+                    .unwrap_or_else(|_| "error,tansu_broker::coordinator=info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&log).expect("broker log"))
             .stderr(Stdio::from(
@@ -336,8 +344,23 @@ impl Drop for Broker {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // A failing test shows what the broker did.
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..];
+            eprintln!(
+                "--- the last {} lines of the broker's log ({}) ---\n{}",
+                tail.len(),
+                self.log.display(),
+                tail.join("\n")
+            );
+        }
     }
 }
+
+/// How much of the broker's log a failing test prints.
+const LOG_TAIL_LINES: usize = 200;
 
 /// One record batch of a partition's log as the broker stores it.
 #[derive(Clone, Debug)]
