@@ -49,7 +49,7 @@ const SESSION_MS: u64 = 6_000;
 /// then its SyncGroup only after a 3 s pause each, and counts only heartbeats as contact:
 /// a member restarting with its instance id leaves its entry silent for more than 6 s
 /// after the old process's last heartbeat. With [`SESSION_MS`] the coordinator came within
-/// 60 ms of expiring that entry in every run (its debug log); a slower start of the new
+/// 64 ms of expiring that entry in every run (its debug log); a slower start of the new
 /// process let it expire mid-rejoin, and the group then never assigned the member (CI,
 /// once). Statebox's workers default to 10 s; Kafka's consumers to 45 s.
 const STATIC_SESSION_MS: u64 = 20_000;

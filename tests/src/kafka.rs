@@ -349,10 +349,10 @@ impl Drop for Broker {
             let log = std::fs::read_to_string(&self.log).unwrap_or_default();
             let lines: Vec<&str> = log.lines().collect();
             let tail = &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..];
+            // Only the tail: the log's folder is deleted with the broker.
             eprintln!(
-                "--- the last {} lines of the broker's log ({}) ---\n{}",
+                "--- the last {} lines of the broker's log ---\n{}",
                 tail.len(),
-                self.log.display(),
                 tail.join("\n")
             );
         }
