@@ -259,11 +259,11 @@ fn run_task(worker: &Worker, partition: i32, stop: &AtomicBool) -> anyhow::Resul
         .with_context(|| format!("cannot open task {name}"))?;
     let cache = worker
         .opts
-        .shared_state_cache
+        .shared_state_budget
         .as_ref()
         .map_or(String::new(), |c| {
             format!(
-                "; {} tasks share the state cache's {} MiB",
+                "; {} tasks share the state cache's {} MiB and the memtables of one database",
                 c.caches(),
                 c.bytes() >> 20
             )

@@ -534,12 +534,12 @@ fn run_group(
     if opts.initial_state.is_some() {
         anyhow::bail!("--initial-state is not supported with --group");
     }
-    // The worker's tasks share the state cache's part of --state-memory (as they share
-    // RocksDB's block cache), however many the group gives it.
+    // The worker's tasks share the state cache's and the memtables' parts of --state-memory
+    // (as they share RocksDB's block cache), however many the group gives it.
     let opts = QueryOptions {
-        shared_state_cache: opts
+        shared_state_budget: opts
             .state_cache_bytes
-            .map(statebox_state::SharedCacheBudget::new),
+            .map(statebox_state::SharedStateBudget::new),
         ..opts
     };
     let (input, source, sink) = kafka::task_options(&args.kafka, kafka::Wiring::of(&opts, false))?;

@@ -6,7 +6,7 @@ use std::ops::Bound;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::cache::{CachedEngine, SharedCacheBudget};
+use crate::cache::{CachedEngine, SharedStateBudget};
 use crate::changelog::ChangeStats;
 use crate::engine::{KvEngine, ScanFn, WriteBatch, WriteOp};
 use crate::mem::MemEngine;
@@ -115,10 +115,10 @@ impl Checkpoint {
     }
 
     /// Like [`open`](Self::open), with an equal part of `budget` for the committed state
-    /// kept in memory in front of the database: the checkpoints of one process's tasks
-    /// share one budget (see [`SharedCacheBudget`]).
-    pub fn open_with_shared_cache(dir: &Path, budget: &Arc<SharedCacheBudget>) -> Result<Self> {
-        let engine = RocksEngine::open(&Self::db_dir(dir)?)?;
+    /// kept in memory in front of the database and for the database's memtables: the
+    /// checkpoints of one process's tasks share one budget (see [`SharedStateBudget`]).
+    pub fn open_sharing(dir: &Path, budget: &Arc<SharedStateBudget>) -> Result<Self> {
+        let engine = RocksEngine::open_sharing(&Self::db_dir(dir)?, &budget.memtables)?;
         tracing::debug!(dir = %dir.display(), shared_cache_bytes = budget.bytes(), "opened checkpoint");
         Ok(Self::with_engine(Arc::new(CachedEngine::sharing(
             engine, budget,

@@ -39,7 +39,7 @@ mod value;
 #[cfg(test)]
 mod conformance;
 
-pub use cache::SharedCacheBudget;
+pub use cache::SharedStateBudget;
 pub use changelog::ChangeStats;
 pub use checkpoint::{ChangelogWrite, Checkpoint, Commit, DEFAULT_STATE_CACHE_BYTES, Undo};
 pub use engine::{GetFn, GetManyFn, KvEngine, ScanFn, WriteBatch, WriteOp};

@@ -2,6 +2,7 @@
 
 use std::cell::Cell;
 use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use rocksdb::perf::{PerfStatsLevel, set_perf_stats};
 use rocksdb::{
@@ -40,7 +41,10 @@ const BLOOM_BITS_PER_KEY: f64 = 10.0;
 
 /// A RocksDB database in one directory.
 pub(crate) struct RocksEngine {
-    db: DB,
+    /// Shared only with [`SharedMemtables`], which resizes its memtables.
+    db: Arc<DB>,
+    /// The memtable room this database shares with others, if it does.
+    share: Option<Arc<SharedMemtables>>,
     /// Options of every point read, made once: creating them per read costs an allocation
     /// through the C API.
     get_opts: ReadOptions,
@@ -51,16 +55,29 @@ pub(crate) struct RocksEngine {
 impl RocksEngine {
     /// Opens (creating if missing) the database in `path`.
     pub(crate) fn open(path: &Path) -> Result<Self> {
-        Self::open_mode(path, false)
+        Self::open_mode(path, false, memory().write_buffer_bytes)
+    }
+
+    /// Opens (creating if missing) the database in `path` with an equal part of `share`'s
+    /// memtable room, shrinking the other databases' parts.
+    pub(crate) fn open_sharing(path: &Path, share: &Arc<SharedMemtables>) -> Result<Self> {
+        let mut members = share.lock();
+        let part = SharedMemtables::part(members.len() + 1);
+        let mut engine = Self::open_mode(path, false, part)?;
+        SharedMemtables::resize(&members, part);
+        members.push(Arc::downgrade(&engine.db));
+        engine.share = Some(Arc::clone(share));
+        Ok(engine)
     }
 
     /// Opens the database in `path` for reading only. It takes no lock, so it works while a
     /// writer has the database open, and sees the state committed when it was opened.
     pub(crate) fn open_read_only(path: &Path) -> Result<Self> {
-        Self::open_mode(path, true)
+        Self::open_mode(path, true, memory().write_buffer_bytes)
     }
 
-    fn open_mode(path: &Path, read_only: bool) -> Result<Self> {
+    /// Opens the database in `path` with memtables of `write_buffer_bytes`.
+    fn open_mode(path: &Path, read_only: bool, write_buffer_bytes: usize) -> Result<Self> {
         let memory = memory();
         let cache = shared_cache(read_only, memory.block_cache_bytes)?;
         let mut table = BlockBasedOptions::default();
@@ -96,7 +113,7 @@ impl RocksEngine {
         opts.set_max_background_jobs(2);
         // Memtables are bounded by the budget (`memory`): with one column family, their size
         // times their number bounds what they hold.
-        opts.set_write_buffer_size(memory.write_buffer_bytes);
+        opts.set_write_buffer_size(write_buffer_bytes);
         opts.set_max_write_buffer_number(i32::try_from(memory.write_buffers).unwrap_or(i32::MAX));
         opts.set_bytes_per_sync(1 << 20);
         opts.set_keep_log_file_num(4);
@@ -116,10 +133,87 @@ impl RocksEngine {
         let mut write_opts = WriteOptions::default();
         write_opts.set_sync(true);
         Ok(Self {
-            db,
+            db: Arc::new(db),
+            share: None,
             get_opts: ReadOptions::default(),
             write_opts,
         })
+    }
+
+    /// Bytes held by the database's memtables, the one being written and those waiting to be
+    /// flushed.
+    #[cfg(test)]
+    fn memtable_bytes(&self) -> u64 {
+        self.db
+            .property_int_value("rocksdb.size-all-mem-tables")
+            .ok()
+            .flatten()
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for RocksEngine {
+    fn drop(&mut self) {
+        if let Some(share) = &self.share {
+            share.leave(&self.db);
+        }
+    }
+}
+
+/// The memtable room of one database of the budget ([`StateMemory::write_buffers`] of
+/// [`StateMemory::write_buffer_bytes`]), shared by the databases of several checkpoints (the
+/// tasks of a `--group` worker, see [`crate::SharedStateBudget`]): each has memtables of an
+/// equal part of that size, so together they hold what one database would, however many
+/// there are, down to [`MIN_SHARED_WRITE_BUFFER_BYTES`] each. A database that opens shrinks
+/// the others' memtables at once (RocksDB switches one already larger at its next write, and
+/// flushes it); one that closes leaves its part to the rest (their next memtables are larger).
+#[derive(Default)]
+pub(crate) struct SharedMemtables {
+    /// The databases sharing the room. Only this struct upgrades the pointers, under the
+    /// lock, and a database leaves under it before it closes: a database is never kept open
+    /// past its engine's drop, whose checkpoint may be opened again at once.
+    members: Mutex<Vec<Weak<DB>>>,
+}
+
+/// The smallest memtable a shared database is given: below it RocksDB flushes (and compacts)
+/// after every few thousand writes. Past `write_buffer_bytes / MIN` databases, the room grows
+/// by this much per database.
+const MIN_SHARED_WRITE_BUFFER_BYTES: usize = 1 << 20;
+
+impl SharedMemtables {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Weak<DB>>> {
+        self.members.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The databases sharing the room now.
+    pub(crate) fn databases(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// One database's memtable size when `databases` share the room.
+    fn part(databases: usize) -> usize {
+        (memory().write_buffer_bytes / databases.max(1)).max(MIN_SHARED_WRITE_BUFFER_BYTES)
+    }
+
+    /// Gives each of `members` memtables of `part` bytes.
+    fn resize(members: &[Weak<DB>], part: usize) {
+        let size = part.to_string();
+        for db in members.iter().filter_map(Weak::upgrade) {
+            // A database that refuses keeps its memtable size: the room is exceeded, nothing
+            // is lost.
+            if let Err(e) = db.set_options(&[("write_buffer_size", &size)]) {
+                tracing::warn!(error = %e, part, "cannot resize a database's memtables");
+            }
+        }
+    }
+
+    /// Removes `db` from the room; the others' parts grow.
+    fn leave(&self, db: &Arc<DB>) {
+        let mut members = self.lock();
+        members.retain(|m| !std::ptr::eq(m.as_ptr(), Arc::as_ptr(db)));
+        if !members.is_empty() {
+            Self::resize(&members, Self::part(members.len()));
+        }
     }
 }
 
@@ -259,5 +353,78 @@ fn open_error(path: &Path, e: rocksdb::Error) -> StoreError {
         }
     } else {
         StoreError::Storage(format!("opening {}: {text}", path.display()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Writes up to `bytes` of 1 KiB values to `engine`, in synced batches of 1,000, and
+    /// says how many value bytes it wrote.
+    fn fill(engine: &RocksEngine, bytes: usize) -> usize {
+        let value = vec![7u8; 1024];
+        let batches = bytes / (1024 * 1000);
+        for b in 0..batches {
+            let mut batch = WriteBatch::new();
+            for i in 0..1000 {
+                batch.put(format!("k{b:04}-{i:04}").into_bytes(), value.clone());
+            }
+            engine.write(&batch).unwrap();
+        }
+        batches * 1000 * 1024
+    }
+
+    /// Four databases sharing the room of one hold its memtables between them, where four
+    /// on their own would each hold nearly a whole memtable; one that closes leaves its
+    /// part to the others.
+    #[test]
+    fn shared_databases_hold_the_memtables_of_one() {
+        let m = memory();
+        let room = m.write_buffers * m.write_buffer_bytes;
+        // Each database is written most of one whole memtable: on its own, none flushes.
+        let written = m.write_buffer_bytes * 7 / 8;
+        let dirs: Vec<_> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
+
+        let alone: Vec<RocksEngine> = dirs
+            .iter()
+            .map(|d| RocksEngine::open(&d.path().join("alone")).unwrap())
+            .collect();
+        alone.iter().for_each(|e| {
+            fill(e, written);
+        });
+        let held: u64 = alone.iter().map(RocksEngine::memtable_bytes).sum();
+        // What the shared ones must stay under, RocksDB's arena blocks (up to 1 MiB per
+        // memtable) allowed for.
+        let bound = (room + 4 * m.write_buffers * (1 << 20)) as u64;
+        assert!(held > bound, "alone: {held} bytes, not above {bound}");
+        drop(alone);
+
+        let share = Arc::new(SharedMemtables::default());
+        let shared: Vec<RocksEngine> = dirs
+            .iter()
+            .map(|d| RocksEngine::open_sharing(&d.path().join("shared"), &share).unwrap())
+            .collect();
+        assert_eq!(share.databases(), 4);
+        shared.iter().for_each(|e| {
+            fill(e, written);
+        });
+        let held: u64 = shared.iter().map(RocksEngine::memtable_bytes).sum();
+        assert!(held <= bound, "shared: {held} bytes, above {bound}");
+
+        // Three close: the last gets the whole room back. Its memtable then is one of a
+        // part (a memtable with a bloom filter cannot grow); the next, after a flush, is of
+        // the whole room and holds nearly a whole memtable's writes without flushing.
+        let mut shared = shared;
+        let last = shared.pop().unwrap();
+        drop(shared);
+        assert_eq!(share.databases(), 1);
+        last.db.flush().unwrap();
+        let values = fill(&last, written) as u64;
+        let held = last.memtable_bytes();
+        assert!(
+            held >= values,
+            "the last database holds {held} bytes after {values} bytes of values: it flushed"
+        );
     }
 }

@@ -60,8 +60,8 @@ impl Query {
                 opts.checkpoint.display()
             ))
         })?;
-        let checkpoint = match &opts.shared_state_cache {
-            Some(shared) => Checkpoint::open_with_shared_cache(&opts.checkpoint, shared)?,
+        let checkpoint = match &opts.shared_state_budget {
+            Some(shared) => Checkpoint::open_sharing(&opts.checkpoint, shared)?,
             None => Checkpoint::open_with_cache(
                 &opts.checkpoint,
                 opts.state_cache_bytes
