@@ -176,8 +176,8 @@ pub(crate) struct SharedMemtables {
 }
 
 /// The smallest memtable a shared database is given: below it RocksDB flushes (and compacts)
-/// after every few thousand writes. Past `write_buffer_bytes / MIN` databases, the room grows
-/// by this much per database.
+/// after every few thousand writes. Past `write_buffer_bytes` / this many databases, the room
+/// grows by `write_buffers` memtables of this size per database.
 const MIN_SHARED_WRITE_BUFFER_BYTES: usize = 1 << 20;
 
 impl SharedMemtables {
