@@ -292,8 +292,8 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 }
 
 /// One state-memory budget for several checkpoints (the tasks of a `--group` worker): their
-/// state caches share `bytes`, and their databases the memtable room of one database
-/// ([`crate::rocks::SharedMemtables`]). Each cache holds at most an equal part of the
+/// state caches share `bytes`, and their databases the memtable room of one database (each
+/// writes memtables of an equal part of it, see `rocks::SharedMemtables`). Each cache holds at most an equal part of the
 /// bytes. A cache that joins shrinks the others to their new part before it holds anything,
 /// and one that is dropped leaves its part to the rest, so together they stay within the
 /// budget however many come and go.
@@ -308,7 +308,9 @@ pub struct SharedStateBudget {
 }
 
 impl SharedStateBudget {
-    /// A budget of `bytes` shared by the caches made with [`CachedEngine::sharing`].
+    /// A budget of `bytes` shared by the caches made with [`CachedEngine::sharing`], and of
+    /// one database's memtables shared by the checkpoints opened with
+    /// [`Checkpoint::open_sharing`](crate::Checkpoint::open_sharing).
     pub fn new(bytes: usize) -> Arc<Self> {
         Arc::new(Self {
             bytes,
