@@ -117,6 +117,7 @@ impl RocksEngine {
         opts.set_max_write_buffer_number(i32::try_from(memory.write_buffers).unwrap_or(i32::MAX));
         opts.set_bytes_per_sync(1 << 20);
         opts.set_keep_log_file_num(4);
+        opts.set_env(&compactions_behind_workers().map_err(|e| open_error(path, e))?);
 
         // The default column family is named so that batched reads (`get_many`) have its
         // handle; the database is the same as one opened without naming it.
@@ -243,6 +244,19 @@ thread_local! {
 /// to on and count every key comparison through a thread-local of the shared library (a
 /// `__tls_get_addr` call each): about a tenth of the CPU time of memtable reads and writes.
 #[inline]
+/// RocksDB's default environment (one per process, shared by every database opened here),
+/// with the threads of its compaction pool at the lowest CPU priority (nice 19); flushes run
+/// in the other pool and keep theirs. On 2 cores a compaction taking a core from the
+/// partitions' workers made its batch the slowest (README, "Compactions behind the workers");
+/// at nice 19 it runs in the CPU time the workers leave, as during the commit's single thread.
+/// A compaction starved for long lets level-0 files pile up until RocksDB slows the writes,
+/// which frees the CPU it needs.
+fn compactions_behind_workers() -> std::result::Result<rocksdb::Env, rocksdb::Error> {
+    let mut env = rocksdb::Env::new()?;
+    env.lower_thread_pool_cpu_priority();
+    Ok(env)
+}
+
 fn perf_stats_off() {
     PERF_STATS_OFF.with(|off| {
         if !off.get() {
@@ -373,6 +387,58 @@ mod tests {
             engine.write(&batch).unwrap();
         }
         batches * 1000 * 1024
+    }
+
+    /// The nice value of each of this process's threads named `name`, from
+    /// `/proc/self/task/*/stat` (its 19th field).
+    fn nice_of_threads(name: &str) -> Vec<i64> {
+        let mut nice = Vec::new();
+        for task in std::fs::read_dir("/proc/self/task").unwrap() {
+            let dir = task.unwrap().path();
+            let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
+                continue; // the thread ended
+            };
+            let Ok(stat) = std::fs::read_to_string(dir.join("stat")) else {
+                continue;
+            };
+            if comm.trim_end() != name {
+                continue;
+            }
+            // The fields after the command, which is in parentheses and may hold spaces.
+            let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+            nice.push(fields[16].parse().unwrap());
+        }
+        nice
+    }
+
+    /// A compaction runs at nice 19, a flush at the process's own priority.
+    #[test]
+    fn compactions_run_behind_the_workers() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = RocksEngine::open(dir.path()).unwrap();
+        // Two level-0 files (each flush is a job of the flush pool), compacted into one by
+        // a manual compaction, which runs in the compaction pool.
+        for _ in 0..2 {
+            fill(&engine, 1 << 20);
+            engine.db.flush().unwrap();
+        }
+        engine.db.compact_range(None::<&[u8]>, None::<&[u8]>);
+        let low = nice_of_threads("rocksdb:low");
+        let high = nice_of_threads("rocksdb:high");
+        assert!(
+            !low.is_empty() && !high.is_empty(),
+            "low {low:?}, high {high:?}"
+        );
+        // A pool's thread takes the pool's priority when it starts its next job: the one
+        // that ran the compaction is at 19; flush threads never are.
+        assert!(
+            low.contains(&19),
+            "compaction threads' nice values: {low:?}"
+        );
+        assert!(
+            high.iter().all(|&n| n < 19),
+            "flush threads' nice values: {high:?}"
+        );
     }
 
     /// Four databases sharing the room of one hold its memtables between them, where four
