@@ -145,6 +145,10 @@ pub struct QueryOptions {
     /// (`state_cache_bytes` is not used), and its database's memtables an equal part of one
     /// database's memtable room.
     pub shared_state_budget: Option<std::sync::Arc<statebox_state::SharedStateBudget>>,
+    /// Memtable room shared with other queries of this process (a tenant's pipelines in
+    /// `statebox serve`): the checkpoint's database writes memtables of an equal part of it.
+    /// Not used with `shared_state_budget`, which shares memtables of its own.
+    pub shared_memtables: Option<std::sync::Arc<statebox_state::SharedMemtables>>,
     /// Event time: the input column and the watermark delay (event-time mode only).
     pub event_time: Option<EventTimeOptions>,
     /// The output column holding event time, overriding the processor's declaration.
@@ -184,6 +188,7 @@ impl QueryOptions {
             workers: None,
             state_cache_bytes: None,
             shared_state_budget: None,
+            shared_memtables: None,
             event_time: None,
             output_event_time_column: None,
             initial_state: None,

@@ -10,7 +10,7 @@ use crate::cache::{CachedEngine, SharedStateBudget};
 use crate::changelog::ChangeStats;
 use crate::engine::{KvEngine, ScanFn, WriteBatch, WriteOp};
 use crate::mem::MemEngine;
-use crate::rocks::RocksEngine;
+use crate::rocks::{RocksEngine, SharedMemtables};
 use crate::txn::PartitionTxn;
 use crate::{Partition, Result, StoreError, StoredValue, VarId, changelog, keys};
 
@@ -105,13 +105,33 @@ impl Checkpoint {
     pub fn open_with_cache(dir: &Path, cache_bytes: usize) -> Result<Self> {
         let engine = RocksEngine::open(&Self::db_dir(dir)?)?;
         tracing::debug!(dir = %dir.display(), cache_bytes, "opened checkpoint");
-        if cache_bytes == 0 {
-            return Ok(Self::with_engine(Arc::new(engine)));
-        }
-        Ok(Self::with_engine(Arc::new(CachedEngine::new(
-            engine,
+        Ok(Self::caching(engine, cache_bytes))
+    }
+
+    /// Like [`open_with_cache`](Self::open_with_cache), with the database's memtables an
+    /// equal part of the room `memtables` gives the databases sharing it (a tenant's
+    /// pipelines in `statebox serve`).
+    pub fn open_sharing_memtables(
+        dir: &Path,
+        cache_bytes: usize,
+        memtables: &Arc<SharedMemtables>,
+    ) -> Result<Self> {
+        let engine = RocksEngine::open_sharing(&Self::db_dir(dir)?, memtables)?;
+        tracing::debug!(
+            dir = %dir.display(),
             cache_bytes,
-        ))))
+            databases = memtables.databases(),
+            "opened checkpoint sharing memtables"
+        );
+        Ok(Self::caching(engine, cache_bytes))
+    }
+
+    /// A checkpoint over `engine` with `cache_bytes` of cache in front (none if 0).
+    fn caching(engine: RocksEngine, cache_bytes: usize) -> Self {
+        if cache_bytes == 0 {
+            return Self::with_engine(Arc::new(engine));
+        }
+        Self::with_engine(Arc::new(CachedEngine::new(engine, cache_bytes)))
     }
 
     /// Like [`open`](Self::open), with an equal part of `budget` for the committed state

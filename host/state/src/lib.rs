@@ -44,6 +44,7 @@ pub use changelog::ChangeStats;
 pub use checkpoint::{ChangelogWrite, Checkpoint, Commit, DEFAULT_STATE_CACHE_BYTES, Undo};
 pub use engine::{GetFn, GetManyFn, KvEngine, ScanFn, WriteBatch, WriteOp};
 pub use memory::{DEFAULT_STATE_MEMORY_BYTES, MemoryError, StateMemory};
+pub use rocks::SharedMemtables;
 pub use txn::{DueCursor, PartitionTxn};
 pub use value::StoredValue;
 

@@ -163,17 +163,29 @@ impl Drop for RocksEngine {
 
 /// The memtable room of one database of the budget ([`StateMemory::write_buffers`] of
 /// [`StateMemory::write_buffer_bytes`]), shared by the databases of several checkpoints (the
-/// tasks of a `--group` worker, see [`crate::SharedStateBudget`]): each has memtables of an
+/// tasks of a `--group` worker, see [`crate::SharedStateBudget`]; a tenant's pipelines in
+/// `statebox serve`, see [`Checkpoint::open_sharing_memtables`]): each has memtables of an
 /// equal part of that size, so together they hold what one database would, however many
-/// there are, down to [`MIN_SHARED_WRITE_BUFFER_BYTES`] each. A database that opens shrinks
-/// the others' memtables at once (RocksDB switches one already larger at its next write, and
-/// flushes it); one that closes leaves its part to the rest (their next memtables are larger).
+/// there are, down to 1 MiB each (past `write_buffer_bytes` / 1 MiB databases the room grows
+/// by `write_buffers` MiB per database). A database that opens shrinks the others' memtables
+/// at once (RocksDB switches one already larger at its next write, and flushes it); one that
+/// closes leaves its part to the rest (their next memtables are larger).
+///
+/// [`Checkpoint::open_sharing_memtables`]: crate::Checkpoint::open_sharing_memtables
 #[derive(Default)]
-pub(crate) struct SharedMemtables {
+pub struct SharedMemtables {
     /// The databases sharing the room. Only this struct upgrades the pointers, under the
     /// lock, and a database leaves under it before it closes: a database is never kept open
     /// past its engine's drop, whose checkpoint may be opened again at once.
     members: Mutex<Vec<Weak<DB>>>,
+}
+
+impl std::fmt::Debug for SharedMemtables {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedMemtables")
+            .field("databases", &self.databases())
+            .finish()
+    }
 }
 
 /// The smallest memtable a shared database is given: below it RocksDB flushes (and compacts)
@@ -186,8 +198,13 @@ impl SharedMemtables {
         self.members.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// A room no database shares yet.
+    pub fn new() -> Arc<Self> {
+        Arc::default()
+    }
+
     /// The databases sharing the room now.
-    pub(crate) fn databases(&self) -> usize {
+    pub fn databases(&self) -> usize {
         self.lock().len()
     }
 

@@ -60,13 +60,15 @@ impl Query {
                 opts.checkpoint.display()
             ))
         })?;
-        let checkpoint = match &opts.shared_state_budget {
-            Some(shared) => Checkpoint::open_sharing(&opts.checkpoint, shared)?,
-            None => Checkpoint::open_with_cache(
-                &opts.checkpoint,
-                opts.state_cache_bytes
-                    .unwrap_or(statebox_state::DEFAULT_STATE_CACHE_BYTES),
-            )?,
+        let cache_bytes = opts
+            .state_cache_bytes
+            .unwrap_or(statebox_state::DEFAULT_STATE_CACHE_BYTES);
+        let checkpoint = match (&opts.shared_state_budget, &opts.shared_memtables) {
+            (Some(shared), _) => Checkpoint::open_sharing(&opts.checkpoint, shared)?,
+            (None, Some(memtables)) => {
+                Checkpoint::open_sharing_memtables(&opts.checkpoint, cache_bytes, memtables)?
+            }
+            (None, None) => Checkpoint::open_with_cache(&opts.checkpoint, cache_bytes)?,
         };
         let config = match checkpoint.get_meta(meta::QUERY)? {
             Some(bytes) => {

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use statebox_engine::{EventTimeOptions, QueryOptions, StateReader};
 use statebox_runtime::{Processor, Runtime, RuntimeConfig};
+use statebox_state::SharedMemtables;
 
 pub(crate) use self::error::{AppError, AppResult};
 use self::ingest::Bucket;
@@ -50,6 +51,9 @@ pub(crate) struct App {
     pub(crate) tokens: RwLock<Vec<(String, String)>>,
     pub(crate) pipelines: Mutex<HashMap<String, Arc<PipelineHandle>>>,
     pub(crate) usage: Mutex<HashMap<String, Arc<TenantUsage>>>,
+    /// The memtable room of one database per tenant, shared by its pipelines' databases:
+    /// a tenant's memtables do not grow with its pipelines, nor shrink with another's.
+    pub(crate) memtables: Mutex<HashMap<String, Arc<SharedMemtables>>>,
     pub(crate) rejected: Mutex<HashMap<String, u64>>,
     /// Ingest buckets per tenant: rows, bytes.
     pub(crate) buckets: Mutex<HashMap<String, (Bucket, Bucket)>>,
@@ -100,6 +104,7 @@ impl App {
             tokens: RwLock::new(Vec::new()),
             pipelines: Mutex::new(HashMap::new()),
             usage: Mutex::new(HashMap::new()),
+            memtables: Mutex::new(HashMap::new()),
             rejected: Mutex::new(HashMap::new()),
             buckets: Mutex::new(HashMap::new()),
             creating: Mutex::new(HashMap::new()),
@@ -327,6 +332,16 @@ impl App {
             .clone()
     }
 
+    /// The memtable room `tenant`'s pipelines share.
+    pub(crate) fn memtables(&self, tenant: &str) -> Arc<SharedMemtables> {
+        self.memtables
+            .lock()
+            .expect("memtables lock")
+            .entry(tenant.to_owned())
+            .or_default()
+            .clone()
+    }
+
     pub(crate) fn count_rejected(&self, tenant: &str) {
         *self
             .rejected
@@ -428,6 +443,7 @@ impl App {
             state_cache_bytes: Some(
                 usize::try_from(quotas.state_cache_bytes).unwrap_or(usize::MAX),
             ),
+            shared_memtables: Some(self.memtables(&record.tenant)),
             // A cap, not a demand: never more threads than cores.
             workers: Some(
                 (quotas.max_workers as usize)

@@ -221,6 +221,7 @@ impl App {
                 .collect()
         };
         self.usage.lock().expect("usage lock").remove(id);
+        self.memtables.lock().expect("memtables lock").remove(id);
         self.buckets.lock().expect("buckets lock").remove(id);
         for h in handles.iter().filter_map(|(_, h)| h.as_ref()) {
             h.request_stop();

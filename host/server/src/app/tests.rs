@@ -478,3 +478,45 @@ fn a_data_directory_serves_one_server_at_a_time() {
         Ok(_) => panic!("a second server opened the same data directory"),
     }
 }
+
+/// A tenant's pipelines share the memtable room of one database, and another tenant's
+/// pipeline has a room of its own; a stopped pipeline's database leaves its tenant's room.
+#[test]
+fn a_tenants_pipelines_share_the_memtables_of_one_database() {
+    let app = test_app(Quotas::default());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let wasm = counter_wasm();
+    let mut running = Vec::new();
+    for (name, pipelines) in [("a", 2), ("b", 1)] {
+        let (tenant, _) = app.create_tenant(name.into(), None).unwrap();
+        let processor = app.upload_processor(&tenant.id, &wasm).unwrap().record;
+        for _ in 0..pipelines {
+            let mut spec = PipelineSpec::new(&processor.id, "k");
+            spec.trigger_interval_ms = Some(50);
+            let id = app.create_pipeline(&tenant.id, spec).unwrap().record.id;
+            let handle = rt.block_on(app.ingest_target(&tenant.id, &id)).unwrap();
+            let row = b"{\"k\":\"a\"}".to_vec();
+            assert_eq!(rt.block_on(app.ingest(&handle, row.into())).unwrap(), 1);
+            running.push((tenant.id.clone(), id));
+        }
+    }
+    // A pipeline that processed a row has its checkpoint open.
+    for (tenant, id) in &running {
+        wait_processed(&app, tenant, id, 1);
+    }
+    let (a, b) = (&running[0].0, &running[2].0);
+    assert_eq!(app.memtables(a).databases(), 2);
+    assert_eq!(app.memtables(b).databases(), 1);
+    assert!(!Arc::ptr_eq(&app.memtables(a), &app.memtables(b)));
+
+    app.stop_pipeline(a, &running[0].1).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while app.memtables(a).databases() != 1 {
+        assert!(Instant::now() < deadline, "{:?}", app.memtables(a));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(app.memtables(b).databases(), 1);
+}
