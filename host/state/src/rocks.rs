@@ -198,11 +198,6 @@ impl SharedMemtables {
         self.members.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A room no database shares yet.
-    pub fn new() -> Arc<Self> {
-        Arc::default()
-    }
-
     /// The databases sharing the room now.
     pub fn databases(&self) -> usize {
         self.lock().len()
@@ -253,14 +248,6 @@ fn shared_cache(read_only: bool, capacity: usize) -> Result<Cache> {
 /// The writable and the read-only databases' block caches, made by the first open of each.
 static CACHES: std::sync::Mutex<[Option<Cache>; 2]> = std::sync::Mutex::new([None, None]);
 
-thread_local! {
-    static PERF_STATS_OFF: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Turns RocksDB's per-thread performance counters off for the calling thread. They default
-/// to on and count every key comparison through a thread-local of the shared library (a
-/// `__tls_get_addr` call each): about a tenth of the CPU time of memtable reads and writes.
-#[inline]
 /// RocksDB's default environment (one per process, shared by every database opened here),
 /// with the threads of its compaction pool at the lowest CPU priority (nice 19); flushes run
 /// in the other pool and keep theirs. On 2 cores a compaction taking a core from the
@@ -274,6 +261,14 @@ fn compactions_behind_workers() -> std::result::Result<rocksdb::Env, rocksdb::Er
     Ok(env)
 }
 
+thread_local! {
+    static PERF_STATS_OFF: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Turns RocksDB's per-thread performance counters off for the calling thread. They default
+/// to on and count every key comparison through a thread-local of the shared library (a
+/// `__tls_get_addr` call each): about a tenth of the CPU time of memtable reads and writes.
+#[inline]
 fn perf_stats_off() {
     PERF_STATS_OFF.with(|off| {
         if !off.get() {
