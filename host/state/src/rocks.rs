@@ -2,7 +2,7 @@
 
 use std::cell::Cell;
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
 use rocksdb::perf::{PerfStatsLevel, set_perf_stats};
 use rocksdb::{
@@ -255,10 +255,16 @@ static CACHES: std::sync::Mutex<[Option<Cache>; 2]> = std::sync::Mutex::new([Non
 /// at nice 19 it runs in the CPU time the workers leave, as during the commit's single thread.
 /// A compaction starved for long lets level-0 files pile up until RocksDB slows the writes,
 /// which frees the CPU it needs.
+///
+/// Made by the first open and cloned for the later ones: the priority is the process's.
 fn compactions_behind_workers() -> std::result::Result<rocksdb::Env, rocksdb::Error> {
+    static ENV: OnceLock<rocksdb::Env> = OnceLock::new();
+    if let Some(env) = ENV.get() {
+        return Ok(env.clone());
+    }
     let mut env = rocksdb::Env::new()?;
     env.lower_thread_pool_cpu_priority();
-    Ok(env)
+    Ok(ENV.get_or_init(|| env).clone())
 }
 
 thread_local! {
