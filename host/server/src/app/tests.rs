@@ -100,6 +100,14 @@ fn counter_wasm() -> Vec<u8> {
     std::fs::read(path).expect("the counter component")
 }
 
+/// A runtime for the app's async operations (ingest, reads) in a test thread.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 fn bad_input(e: AppError) -> String {
     match e {
         AppError::BadInput(m) => m,
@@ -288,10 +296,7 @@ fn wait_processed(app: &App, tenant: &str, id: &str, rows: u64) {
 #[test]
 fn a_pipeline_is_created_fed_stopped_started_and_deleted() {
     let app = test_app(Quotas::default());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let (tenant, _) = app
         .create_tenant("t".into(), Some(json!({"max_pipelines": 1})))
         .unwrap();
@@ -484,10 +489,7 @@ fn a_data_directory_serves_one_server_at_a_time() {
 #[test]
 fn a_tenants_pipelines_share_the_memtables_of_one_database() {
     let app = test_app(Quotas::default());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let wasm = counter_wasm();
     let mut running = Vec::new();
     for (name, pipelines) in [("a", 2), ("b", 1)] {
