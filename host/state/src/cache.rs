@@ -631,6 +631,10 @@ impl<E: KvEngine> KvEngine for CachedEngine<E> {
         self.inner.scan(start, end, f)
     }
 
+    fn last_key_in(&self, start: &[u8], end: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.inner.last_key_in(start, end)
+    }
+
     fn write(&self, batch: &WriteBatch) -> Result<()> {
         let mut in_flight = InFlight::start(self);
         // A large write's cache updates go alongside the backend's write, on a second

@@ -125,6 +125,10 @@ impl KvEngine for Counting {
         })
     }
 
+    fn last_key_in(&self, start: &[u8], end: &[u8]) -> crate::Result<Option<Vec<u8>>> {
+        self.inner.last_key_in(start, end)
+    }
+
     fn write(&self, batch: &WriteBatch) -> crate::Result<()> {
         self.inner.write(batch)
     }
@@ -1402,6 +1406,40 @@ fn get_many_reads_keys_in_order_across_chunks(fx: Fixture) {
     assert_eq!(got, want);
 }
 
+fn last_key_in_finds_the_greatest_key_of_a_range(fx: Fixture) {
+    let e = fx.cp().engine();
+    let mut b = WriteBatch::new();
+    for k in ["a", "b1", "b2", "b3", "c"] {
+        b.put(k.into(), vec![]);
+    }
+    e.write(&b).unwrap();
+    let last = |start: &str, end: &str| {
+        e.last_key_in(start.as_bytes(), end.as_bytes())
+            .unwrap()
+            .map(|k| String::from_utf8(k).unwrap())
+    };
+    assert_eq!(last("b", "c").as_deref(), Some("b3"));
+    assert_eq!(
+        last("b", "b3").as_deref(),
+        Some("b2"),
+        "the end is excluded"
+    );
+    assert_eq!(
+        last("b2", "b2\0").as_deref(),
+        Some("b2"),
+        "the start is included"
+    );
+    assert_eq!(last("a", "z").as_deref(), Some("c"));
+    assert_eq!(last("d", "z"), None);
+    assert_eq!(last("c", "b"), None, "an empty range");
+    // Deleted keys, one by one or by range, are not found.
+    let mut b = WriteBatch::new();
+    b.delete("b3".into());
+    b.delete_range("b2".into(), "b3".into());
+    e.write(&b).unwrap();
+    assert_eq!(last("b", "c").as_deref(), Some("b1"));
+}
+
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
         mod mem {
@@ -1451,6 +1489,7 @@ conformance!(
     changelog_keeps_the_last_batches_only,
     changelog_before_images_rebuild_every_earlier_batch,
     get_many_reads_keys_in_order_across_chunks,
+    last_key_in_finds_the_greatest_key_of_a_range,
     reserving_room_is_a_hint,
 );
 

@@ -56,6 +56,19 @@ pub trait KvEngine: Send + Sync + 'static {
     /// returns `false`. Memory use is bounded regardless of how many entries the range holds.
     fn scan(&self, start: &[u8], end: &[u8], f: &mut ScanFn<'_>) -> Result<()>;
 
+    /// The greatest key with `start <= key < end`, if there is one. Backends with ordered
+    /// iterators find it with one seek from the end; this default scans the range.
+    fn last_key_in(&self, start: &[u8], end: &[u8]) -> Result<Option<Vec<u8>>> {
+        let mut last: Option<Vec<u8>> = None;
+        self.scan(start, end, &mut |k, _| {
+            let last = last.get_or_insert_with(Vec::new);
+            last.clear();
+            last.extend_from_slice(k);
+            Ok(true)
+        })?;
+        Ok(last)
+    }
+
     /// Applies `batch` atomically and durably (fsynced before returning), operations in order:
     /// a put after a range delete covering its key survives.
     fn write(&self, batch: &WriteBatch) -> Result<()>;

@@ -37,6 +37,17 @@ impl KvEngine for MemEngine {
         Ok(())
     }
 
+    fn last_key_in(&self, start: &[u8], end: &[u8]) -> Result<Option<Vec<u8>>> {
+        if start >= end {
+            return Ok(None);
+        }
+        let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
+        let last = map
+            .range::<[u8], _>((Bound::Included(start), Bound::Excluded(end)))
+            .next_back();
+        Ok(last.map(|(k, _)| k.clone()))
+    }
+
     fn write(&self, batch: &WriteBatch) -> Result<()> {
         let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
         for op in batch.ops() {

@@ -175,6 +175,10 @@ impl<V> Default for PrefixMap<V> {
 }
 
 impl<V: Default> PrefixMap<V> {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
+
     #[inline]
     pub(crate) fn get(&self, key: &[u8]) -> Option<&V> {
         let hash = self.hasher.hash_one(key);

@@ -355,6 +355,22 @@ impl KvEngine for RocksEngine {
         it.status().map_err(storage)
     }
 
+    fn last_key_in(&self, start: &[u8], end: &[u8]) -> Result<Option<Vec<u8>>> {
+        if start >= end {
+            return Ok(None);
+        }
+        perf_stats_off();
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_lower_bound(start);
+        opts.set_iterate_upper_bound(end);
+        let mut it = self.db.raw_iterator_opt(opts);
+        it.seek_to_last();
+        match it.key() {
+            Some(k) => Ok(Some(k.to_vec())),
+            None => it.status().map(|()| None).map_err(storage),
+        }
+    }
+
     fn write(&self, batch: &WriteBatch) -> Result<()> {
         perf_stats_off();
         let mut wb = rocksdb::WriteBatch::default();

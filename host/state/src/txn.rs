@@ -650,7 +650,12 @@ impl PartitionTxn {
         if self.sealed.is_none() {
             let overlay = std::mem::take(&mut self.overlay);
             let point_writes = overlay.writes;
-            let (ops, fresh) = overlay.into_ops();
+            let new_timers_from = if overlay.timers.is_empty() {
+                None
+            } else {
+                self.new_timers_from()
+            };
+            let (ops, fresh) = overlay.into_ops(new_timers_from);
             let mut changes = Vec::new();
             let changes =
                 changelog::push_ops(&mut changes, &ops, &fresh, &*self.engine).map(|()| changes);
@@ -706,6 +711,26 @@ impl PartitionTxn {
     }
 
     // ---- Internals ----
+
+    /// The time from which this partition has no committed timer: every committed timer of
+    /// the partition is earlier (its by-time index ends before it), so a timer written at or
+    /// after it had no committed value and the change log needs no read of its before-image.
+    /// Timers are mostly armed past every armed one (now plus a timeout), and such a key is
+    /// otherwise never in the state cache: each would cost a read of the database to find
+    /// nothing. `None` when unknown (the index ends at the last time, or reading it failed:
+    /// the before-images are then all read, and that read reports a failure).
+    ///
+    /// Sound because a grouping key's timers are all in its partition's by-time index: a key
+    /// belongs to one partition for the life of a checkpoint.
+    fn new_timers_from(&self) -> Option<i64> {
+        let (start, end) = keys::prefix_range(keys::timer_time_prefix(self.partition));
+        match self.engine.last_key_in(&start, &end).ok()? {
+            None => Some(i64::MIN),
+            Some(last) => keys::decode_timer_by_time(&last)
+                .ok()
+                .and_then(|(ts, _)| ts.checked_add(1)),
+        }
+    }
 
     fn check_open(&self) {
         assert!(
@@ -885,8 +910,10 @@ impl Overlay {
 
     /// The write-batch operations reproducing the overlay, ascending by key (range
     /// tombstones just before the keys they cover, so a put inside one survives), and the
-    /// indexes (ascending) of the operations on keys known to have had no committed value.
-    fn into_ops(self) -> (Vec<WriteOp>, Vec<usize>) {
+    /// indexes (ascending) of the operations on keys known to have had no committed value:
+    /// list elements appended past the committed ones, and timers at or after
+    /// `new_timers_from` (see [`PartitionTxn::new_timers_from`]).
+    fn into_ops(self, new_timers_from: Option<i64>) -> (Vec<WriteOp>, Vec<usize>) {
         let mut ops = Vec::with_capacity(self.writes + 16);
         let mut fresh = Vec::new();
         // One sort serves every namespace: within each, keys order by `[var][keylen][key]`,
@@ -933,8 +960,16 @@ impl Overlay {
             }
         }
         drop(vars);
+        let new_timers_from = new_timers_from.map(keys::encode_i64);
         for (hkey, timers) in &mut self.timers.into_sorted() {
+            let start = ops.len();
             coll_ops(&mut ops, keys::TIMER_BY_KEY, hkey, timers);
+            if let Some(from) = new_timers_from {
+                // Times are encoded order-preserving, so suffix order is time order.
+                let first_new = start
+                    + ops[start..].partition_point(|op| op_key(op)[1 + hkey.len()..] < from[..]);
+                fresh.extend(first_new..ops.len());
+            }
         }
         for (key, put) in self.ordered {
             push_op(&mut ops, key.into_vec(), put.then(Vec::new));

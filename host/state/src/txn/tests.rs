@@ -212,17 +212,33 @@ fn a_sealed_transaction_refuses_state_access() {
     let _ = txn.value_get(1, b"k");
 }
 
-/// A backend that counts the list element keys the change log reads before-images of.
-#[derive(Default)]
-struct CountingListReads {
+/// A backend that counts the point reads of one namespace's keys (the change log's reads of
+/// before-images).
+struct CountingReads {
     inner: crate::mem::MemEngine,
-    list_reads: std::sync::atomic::AtomicUsize,
+    ns: u8,
+    reads: std::sync::atomic::AtomicUsize,
 }
 
-impl KvEngine for CountingListReads {
+impl CountingReads {
+    fn new(ns: u8) -> Arc<Self> {
+        Arc::new(Self {
+            inner: crate::mem::MemEngine::default(),
+            ns,
+            reads: Default::default(),
+        })
+    }
+
+    /// The reads counted since the last call.
+    fn take(&self) -> usize {
+        self.reads.swap(0, std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl KvEngine for CountingReads {
     fn get_with(&self, key: &[u8], f: &mut crate::engine::GetFn<'_>) -> Result<bool> {
-        if key.first() == Some(&keys::LIST) {
-            self.list_reads
+        if key.first() == Some(&self.ns) {
+            self.reads
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         self.inner.get_with(key, f)
@@ -230,20 +246,73 @@ impl KvEngine for CountingListReads {
     fn scan(&self, start: &[u8], end: &[u8], f: &mut ScanFn<'_>) -> Result<()> {
         self.inner.scan(start, end, f)
     }
+    fn last_key_in(&self, start: &[u8], end: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.inner.last_key_in(start, end)
+    }
     fn write(&self, batch: &crate::WriteBatch) -> Result<()> {
         self.inner.write(batch)
     }
 }
 
 #[test]
-fn appended_list_elements_are_logged_as_new_without_reading_them() {
-    let engine = Arc::new(CountingListReads::default());
+fn timers_armed_after_every_committed_one_are_logged_as_new_without_reading_them() {
+    let engine = CountingReads::new(keys::TIMER_BY_KEY);
     let cp = Checkpoint::with_engine(engine.clone());
-    let reads = || {
-        engine
-            .list_reads
-            .swap(0, std::sync::atomic::Ordering::Relaxed)
+    let logged = |txn: PartitionTxn| -> Vec<(i64, Option<bool>)> {
+        let (_, log) = txn.into_parts();
+        let log = log.unwrap();
+        changelog::decode(&log)
+            .map(|c| {
+                let c = c.unwrap();
+                let prefix = keys::timer_key_prefix(b"k").len();
+                let ts = keys::decode_timer_by_key(c.key, prefix).unwrap();
+                (ts, c.before.map(|b| b.is_some()))
+            })
+            .collect()
     };
+    // No committed timer in the partition: nothing to read.
+    let mut txn = cp.txn(0);
+    txn.timer_register(b"k", 10).unwrap();
+    txn.timer_register(b"k", 20).unwrap();
+    assert_eq!(logged(txn), [(10, Some(false)), (20, Some(false))]);
+    assert_eq!(engine.take(), 0);
+    let mut txn = cp.txn(0);
+    txn.timer_register(b"k", 10).unwrap();
+    txn.timer_register(b"k", 20).unwrap();
+    commit(&cp, txn);
+    engine.take();
+
+    // Committed timers end at 20 in partition 0: times up to 20 are read, later ones are
+    // known new, registered or deleted.
+    let mut txn = cp.txn(0);
+    txn.timer_delete(b"k", 10).unwrap();
+    txn.timer_register(b"k", 15).unwrap();
+    txn.timer_register(b"k", 20).unwrap();
+    txn.timer_register(b"k", 21).unwrap();
+    txn.timer_delete(b"k", 30).unwrap();
+    assert_eq!(
+        logged(txn),
+        [
+            (10, Some(true)),
+            (15, Some(false)),
+            (20, Some(true)),
+            (21, Some(false)),
+            (30, Some(false)),
+        ]
+    );
+    assert_eq!(engine.take(), 3, "the timers at 10, 15 and 20 were read");
+    // Another partition's timers do not count.
+    let mut txn = cp.txn(1);
+    txn.timer_register(b"j", 5).unwrap();
+    let _ = txn.into_parts();
+    assert_eq!(engine.take(), 0);
+}
+
+#[test]
+fn appended_list_elements_are_logged_as_new_without_reading_them() {
+    let engine = CountingReads::new(keys::LIST);
+    let cp = Checkpoint::with_engine(engine.clone());
+    let reads = || engine.take();
     let mut txn = cp.txn(0);
     txn.list_append(1, b"k", vec![v("a"), v("b")]).unwrap();
     commit(&cp, txn);
