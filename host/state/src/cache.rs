@@ -1,6 +1,7 @@
 //! A bounded cache of committed state in front of a backend: the per-key point reads a batch
-//! makes (value state, list metadata, map entries) are served from memory once a key has been
-//! read or written, instead of descending RocksDB's memtables, filters and blocks every batch.
+//! makes (value state, list metadata, map entries, and the before-images of the timers it
+//! deletes) are served from memory once a key has been read or written, instead of
+//! descending RocksDB's memtables, filters and blocks every batch.
 //!
 //! The backend stays the durable truth. The cache answers with committed bytes only: it is
 //! filled by point reads that miss and find a value and by the puts of every write, and
@@ -15,7 +16,7 @@
 //! keeps the key as known to be absent: state that comes and goes (a timer's deadline
 //! cleared when it fires, an entry removed by TTL cleanup and written again when its id
 //! comes back) is read again soon, and each such read would otherwise descend RocksDB to
-//! find nothing.
+//! find nothing. A deleted timer is forgotten instead: it is seldom armed again at its time.
 //!
 //! - **Bounded**: entries are charged their key and value bytes plus a fixed overhead; each of
 //!   [`SHARDS`] shards holds at most its share of the budget and evicts in sweeps that give
@@ -56,20 +57,27 @@ const ENTRY_OVERHEAD: usize = 64;
 const EVICT_TO_PERCENT: usize = 90;
 
 /// The namespaces whose keys are cached: those the per-key state operations read point by
-/// point.
+/// point, and timers by key, whose deletes read their before-image for the change log (a
+/// timer re-armed every batch deletes the one the previous batch wrote).
 fn cached(key: &[u8]) -> bool {
     matches!(
         key.first(),
-        Some(&(keys::VALUE | keys::LIST_META | keys::MAP))
+        Some(&(keys::VALUE | keys::LIST_META | keys::MAP | keys::TIMER_BY_KEY))
     )
+}
+
+/// Whether a committed delete of `key` leaves it cached as absent. Not for a timer: one
+/// fired or deleted is seldom armed again at the same time, and would only take room.
+fn absence_kept(key: &[u8]) -> bool {
+    key.first() != Some(&keys::TIMER_BY_KEY)
 }
 
 /// Whether `[start, end)` may hold a cached key.
 fn range_may_hold_cached(start: &[u8], end: &[u8]) -> bool {
-    // Cached namespaces are VALUE (0x02) and LIST_META (0x04) to MAP (0x05); LIST (0x03)
-    // between them is not cached but a range over it is rare enough to check in full.
+    // Cached namespaces are VALUE (0x02) and LIST_META (0x04) to TIMER_BY_KEY (0x06); LIST
+    // (0x03) between them is not cached but a range over it is rare enough to check in full.
     let first = [keys::VALUE];
-    let past = [keys::MAP + 1];
+    let past = [keys::TIMER_BY_KEY + 1];
     start < end && start < &past[..] && end > &first[..]
 }
 
@@ -166,11 +174,17 @@ impl Entry {
         Self::charge(self.key(), self.value())
     }
 }
-/// The length of `key`'s `[ns][var][keylen][key]` prefix, if it has one.
+/// The length of `key`'s `[ns][var][keylen][key]` prefix (a timer's: `[ns][keylen][key]`),
+/// if it has one.
 fn grouping_prefix_len(key: &[u8]) -> Option<usize> {
-    let len = key.get(5..9)?;
+    let at = if key.first() == Some(&keys::TIMER_BY_KEY) {
+        1
+    } else {
+        5
+    };
+    let len = key.get(at..at + 4)?;
     let len = u32::from_be_bytes(len.try_into().ok()?) as usize;
-    let end = 9usize.checked_add(len)?;
+    let end = (at + 4).checked_add(len)?;
     (end <= key.len()).then_some(end)
 }
 
@@ -216,8 +230,8 @@ impl Shard {
     }
 
     /// A committed write of `key` (`None`: deleted): updates the entry if the key is cached
-    /// (a delete leaves it cached as absent), else caches a put (write-through); a delete of
-    /// a key that is not cached stays uncached.
+    /// (a delete leaves it cached as absent, if [`absence_kept`]), else caches a put
+    /// (write-through); a delete of a key that is not cached stays uncached.
     fn update(&mut self, key: &[u8], value: Option<&[u8]>, budget: usize) {
         let hash = self.hash(key);
         let Ok(mut found) = self.table.find_entry(hash, |e| e.is(key)) else {
@@ -228,7 +242,12 @@ impl Shard {
         };
         let entry = found.get_mut();
         let old = entry.charged();
-        match Entry::new(key, value, entry.referenced) {
+        let kept = if value.is_some() || absence_kept(key) {
+            Entry::new(key, value, entry.referenced)
+        } else {
+            None
+        };
+        match kept {
             Some(new) => {
                 *entry = new;
                 self.bytes = self.bytes - old + Entry::charge(key, value);
@@ -812,6 +831,42 @@ mod tests {
             assert_eq!(e.get(&map_key("a", user)).unwrap(), None, "a/{user}");
             assert!(e.get(&map_key("b", user)).unwrap().is_some(), "b/{user}");
         }
+    }
+
+    #[test]
+    fn timers_are_cached_when_written_and_forgotten_when_deleted() {
+        let e = CachedEngine::new(MemEngine::default(), 1 << 20);
+        let timer = |key: &[u8], ts| keys::timer_by_key(key, ts);
+        let (a, b) = (timer(b"a", 5), timer(b"b", 5));
+        put(&e, &a, b"");
+        put(&e, &b, b"");
+        assert_eq!(e.cached_bytes(), a.len() + b.len() + 2 * ENTRY_OVERHEAD);
+        // The next batch's delete reads the before-image: a hit.
+        let mut behind = WriteBatch::new();
+        behind.delete(a.clone());
+        e.inner.write(&behind).unwrap();
+        assert_eq!(
+            get_many(&e, std::slice::from_ref(&a)),
+            vec![(0, Some(vec![]))]
+        );
+        // A committed delete forgets the timer rather than keeping it as absent.
+        let mut deleted = WriteBatch::new();
+        deleted.delete(a.clone());
+        e.write(&deleted).unwrap();
+        assert_eq!(e.cached_bytes(), b.len() + ENTRY_OVERHEAD);
+        put(&e.inner, &a, b"behind the cache's back");
+        assert_eq!(
+            e.get(&a).unwrap().as_deref(),
+            Some(&b"behind the cache's back"[..])
+        );
+        // A key's timers are one collection: removing them all leaves other keys' cached.
+        put(&e, &timer(b"a", 6), b"");
+        let start = keys::timer_key_prefix(b"a");
+        let mut cleared = WriteBatch::new();
+        cleared.delete_range(start.clone(), keys::prefix_successor(&start));
+        e.write(&cleared).unwrap();
+        assert_eq!(e.get(&timer(b"a", 6)).unwrap(), None);
+        assert_eq!(e.cached_bytes(), b.len() + ENTRY_OVERHEAD);
     }
 
     #[test]
