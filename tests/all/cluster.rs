@@ -333,34 +333,37 @@ fn three_workers_killed_added_and_removed_count_every_record_exactly_once() {
     stop(w4);
     stop(w5);
 
-    // A worker's tasks share its state cache: each task says, when it opens, how many
-    // tasks share the cache then. Never more than the partitions; and w4, which owned
-    // every partition for a while, ran several at once.
-    let shares = |w: &str| -> Vec<usize> {
+    // A worker's tasks share its state cache and memtable room: each task says, when it
+    // opens, how many tasks share each then. Never more than the partitions; and w4, which
+    // owned every partition for a while, ran several at once.
+    let shares = |w: &str, what: &str| -> Vec<usize> {
         workers
             .log(w)
             .lines()
             .filter_map(|l| {
-                let (head, _) = l.split_once(" tasks share the state cache's ")?;
+                let (head, _) = l.split_once(&format!(" tasks share the {what}"))?;
                 head.rsplit_once("; ")?.1.parse().ok()
             })
             .collect()
     };
-    for w in ["w1", "w2", "w3", "w4", "w5"] {
-        let counts = shares(w);
-        assert!(
-            !counts.is_empty(),
-            "{w} names no shared state cache:\n{}",
-            logs()
-        );
-        assert!(
-            counts
-                .iter()
-                .all(|&n| (1..=PARTITIONS as usize).contains(&n)),
-            "{w}: {counts:?}"
-        );
+    for what in ["state cache's", "memtables of one database"] {
+        for w in ["w1", "w2", "w3", "w4", "w5"] {
+            let counts = shares(w, what);
+            assert!(
+                !counts.is_empty(),
+                "{w} names no shared {what}:\n{}",
+                logs()
+            );
+            assert!(
+                counts
+                    .iter()
+                    .all(|&n| (1..=PARTITIONS as usize).contains(&n)),
+                "{w}, {what}: {counts:?}"
+            );
+        }
+        let w4 = shares("w4", what);
+        assert!(w4.iter().any(|&n| n >= 2), "{what}: {w4:?}");
     }
-    assert!(shares("w4").iter().any(|&n| n >= 2), "{:?}", shares("w4"));
 
     // Exactly once: per key, the committed output's counts add up to what was produced.
     let output = committed_output(&broker);

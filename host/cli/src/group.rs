@@ -257,19 +257,17 @@ fn run_task(worker: &Worker, partition: i32, stop: &AtomicBool) -> anyhow::Resul
     };
     let mut query = Query::open_with(opts, worker.processor.clone(), endpoints)
         .with_context(|| format!("cannot open task {name}"))?;
-    let cache = worker
-        .opts
-        .shared_state_budget
-        .as_ref()
-        .map_or(String::new(), |c| {
-            format!(
-                "; {} tasks share the state cache's {} MiB and the memtables of one database",
-                c.caches(),
-                c.bytes() >> 20
-            )
-        });
+    let mut shares = String::new();
+    if let Some(c) = &worker.opts.shared_state_cache {
+        let (tasks, mib) = (c.caches(), c.bytes() >> 20);
+        shares += &format!("; {tasks} tasks share the state cache's {mib} MiB");
+    }
+    if let Some(m) = &worker.opts.shared_memtables {
+        let tasks = m.databases();
+        shares += &format!("; {tasks} tasks share the memtables of one database");
+    }
     eprintln!(
-        "task {name}: owner generation {generation}, restored in {} ms, at batch {}{cache}",
+        "task {name}: owner generation {generation}, restored in {} ms, at batch {}{shares}",
         restored.as_millis(),
         query
             .head()

@@ -537,9 +537,10 @@ fn run_group(
     // The worker's tasks share the state cache's and the memtables' parts of --state-memory
     // (as they share RocksDB's block cache), however many the group gives it.
     let opts = QueryOptions {
-        shared_state_budget: opts
+        shared_state_cache: opts
             .state_cache_bytes
-            .map(statebox_state::SharedStateBudget::new),
+            .map(statebox_state::SharedCacheBudget::new),
+        shared_memtables: Some(Default::default()),
         ..opts
     };
     let (input, source, sink) = kafka::task_options(&args.kafka, kafka::Wiring::of(&opts, false))?;

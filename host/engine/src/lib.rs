@@ -140,14 +140,13 @@ pub struct QueryOptions {
     /// `statebox_state::cache`; default [`statebox_state::DEFAULT_STATE_CACHE_BYTES`], 0:
     /// none).
     pub state_cache_bytes: Option<usize>,
-    /// A state-memory budget shared with other queries of this process (the tasks of a
+    /// A state-cache budget shared with other queries of this process (the tasks of a
     /// `--group` worker): the checkpoint's state cache holds an equal part of its bytes
-    /// (`state_cache_bytes` is not used), and its database's memtables an equal part of one
-    /// database's memtable room.
-    pub shared_state_budget: Option<std::sync::Arc<statebox_state::SharedStateBudget>>,
-    /// Memtable room shared with other queries of this process (a tenant's pipelines in
-    /// `statebox serve`): the checkpoint's database writes memtables of an equal part of it.
-    /// Not used with `shared_state_budget`, which shares memtables of its own.
+    /// (`state_cache_bytes` is not used).
+    pub shared_state_cache: Option<std::sync::Arc<statebox_state::SharedCacheBudget>>,
+    /// Memtable room shared with other queries of this process (the tasks of a `--group`
+    /// worker, a tenant's pipelines in `statebox serve`): the checkpoint's database writes
+    /// memtables of an equal part of it.
     pub shared_memtables: Option<std::sync::Arc<statebox_state::SharedMemtables>>,
     /// Event time: the input column and the watermark delay (event-time mode only).
     pub event_time: Option<EventTimeOptions>,
@@ -187,7 +186,7 @@ impl QueryOptions {
             max_bytes_per_batch: u64::MAX,
             workers: None,
             state_cache_bytes: None,
-            shared_state_budget: None,
+            shared_state_cache: None,
             shared_memtables: None,
             event_time: None,
             output_event_time_column: None,

@@ -310,30 +310,24 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     shard.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// One state-memory budget for several checkpoints (the tasks of a `--group` worker): their
-/// state caches share `bytes`, and their databases the memtable room of one database (each
-/// writes memtables of an equal part of it, see `rocks::SharedMemtables`). Each cache holds at most an equal part of the
-/// bytes. A cache that joins shrinks the others to their new part before it holds anything,
-/// and one that is dropped leaves its part to the rest, so together they stay within the
-/// budget however many come and go.
-pub struct SharedStateBudget {
+/// One state-cache budget for several checkpoints (the tasks of a `--group` worker): their
+/// caches share `bytes`, each holding at most an equal part. A cache that joins shrinks the
+/// others to their new part before it holds anything, and one that is dropped leaves its part
+/// to the rest, so together they stay within the budget however many come and go. (Their
+/// databases' memtables are shared apart, by [`crate::SharedMemtables`].)
+pub struct SharedCacheBudget {
     bytes: usize,
-    /// The checkpoints' databases' memtables.
-    pub(crate) memtables: Arc<crate::rocks::SharedMemtables>,
     /// Caches in `members`; read on every insert, without a lock.
     caches: AtomicUsize,
     /// Their shards, to shrink when a cache joins (dropped caches are pruned then).
     members: Mutex<Vec<Weak<Shards>>>,
 }
 
-impl SharedStateBudget {
-    /// A budget of `bytes` shared by the caches made with [`CachedEngine::sharing`], and of
-    /// one database's memtables shared by the checkpoints opened with
-    /// [`Checkpoint::open_sharing`](crate::Checkpoint::open_sharing).
+impl SharedCacheBudget {
+    /// A budget of `bytes` shared by the caches made with [`CachedEngine::sharing`].
     pub fn new(bytes: usize) -> Arc<Self> {
         Arc::new(Self {
             bytes,
-            memtables: Arc::default(),
             caches: AtomicUsize::new(0),
             members: Mutex::new(Vec::new()),
         })
@@ -347,11 +341,6 @@ impl SharedStateBudget {
     /// How many caches share the budget now.
     pub fn caches(&self) -> usize {
         self.caches.load(Ordering::SeqCst)
-    }
-
-    /// How many databases share the memtable room now.
-    pub fn databases(&self) -> usize {
-        self.memtables.databases()
     }
 
     /// One shard's part when `caches` share the budget.
@@ -384,12 +373,11 @@ impl SharedStateBudget {
     }
 }
 
-impl std::fmt::Debug for SharedStateBudget {
+impl std::fmt::Debug for SharedCacheBudget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SharedStateBudget")
+        f.debug_struct("SharedCacheBudget")
             .field("bytes", &self.bytes)
             .field("caches", &self.caches.load(Ordering::SeqCst))
-            .field("databases", &self.databases())
             .finish()
     }
 }
@@ -399,7 +387,7 @@ enum Budget {
     /// Its own budget: each shard's part.
     Own(usize),
     /// A part of a shared one.
-    Shared(Arc<SharedStateBudget>),
+    Shared(Arc<SharedCacheBudget>),
 }
 
 /// A [`KvEngine`] with a bounded cache of committed point reads in front of `inner` (see the
@@ -421,8 +409,8 @@ impl<E: KvEngine> CachedEngine<E> {
         Self::with_budget(inner, Budget::Own((budget_bytes / SHARDS).max(1)))
     }
 
-    /// Caches `inner`'s point reads in an equal part of `budget` (see [`SharedStateBudget`]).
-    pub fn sharing(inner: E, budget: &Arc<SharedStateBudget>) -> Self {
+    /// Caches `inner`'s point reads in an equal part of `budget` (see [`SharedCacheBudget`]).
+    pub fn sharing(inner: E, budget: &Arc<SharedCacheBudget>) -> Self {
         let cache = Self::with_budget(inner, Budget::Shared(Arc::clone(budget)));
         budget.join(&cache.shards);
         cache
@@ -909,7 +897,7 @@ mod tests {
         let budget = 256 * 1024;
         // A shard may overshoot its part by one entry before it sweeps.
         let slack = SHARDS * 200;
-        let shared = SharedStateBudget::new(budget);
+        let shared = SharedCacheBudget::new(budget);
         let fill = |e: &CachedEngine<MemEngine>, keys: std::ops::Range<u32>| {
             for i in keys {
                 put(e, &value_key(i), &[7; 40]);

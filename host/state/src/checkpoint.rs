@@ -6,7 +6,7 @@ use std::ops::Bound;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::cache::{CachedEngine, SharedStateBudget};
+use crate::cache::{CachedEngine, SharedCacheBudget};
 use crate::changelog::ChangeStats;
 use crate::engine::{KvEngine, ScanFn, WriteBatch, WriteOp};
 use crate::mem::MemEngine;
@@ -25,6 +25,16 @@ const DB_DIR: &str = "state";
 /// [`crate::cache`]): the per-key state of a few million keys of the counter workload. The
 /// state cache's share of [`crate::DEFAULT_STATE_MEMORY_BYTES`].
 pub const DEFAULT_STATE_CACHE_BYTES: usize = 240 << 20;
+
+/// The state cache in front of the database of a checkpoint opened for writing (see
+/// [`crate::cache`]).
+#[derive(Clone, Debug)]
+pub enum StateCache {
+    /// Its own, of at most this many bytes (0: none).
+    Own(usize),
+    /// An equal part of a budget shared with other checkpoints.
+    Shared(Arc<SharedCacheBudget>),
+}
 
 /// A durable checkpoint (one RocksDB database in a directory), or an in-memory one for tests.
 ///
@@ -103,46 +113,33 @@ impl Checkpoint {
     /// Like [`open`](Self::open), with at most `cache_bytes` of committed state kept in memory
     /// in front of the database (see [`crate::cache`]; 0 turns the cache off).
     pub fn open_with_cache(dir: &Path, cache_bytes: usize) -> Result<Self> {
-        let engine = RocksEngine::open(&Self::db_dir(dir)?)?;
-        tracing::debug!(dir = %dir.display(), cache_bytes, "opened checkpoint");
-        Ok(Self::caching(engine, cache_bytes))
+        Self::open_with_memory(dir, &StateCache::Own(cache_bytes), None)
     }
 
-    /// Like [`open_with_cache`](Self::open_with_cache), with the database's memtables an
-    /// equal part of the room `memtables` gives the databases sharing it (a tenant's
-    /// pipelines in `statebox serve`).
-    pub fn open_sharing_memtables(
+    /// Like [`open`](Self::open), with `cache` in front of the database and, given
+    /// `memtables`, the database's memtables an equal part of the room it gives the databases
+    /// sharing it (a `--group` worker's tasks, a tenant's pipelines in `statebox serve`).
+    pub fn open_with_memory(
         dir: &Path,
-        cache_bytes: usize,
-        memtables: &Arc<SharedMemtables>,
+        cache: &StateCache,
+        memtables: Option<&Arc<SharedMemtables>>,
     ) -> Result<Self> {
-        let engine = RocksEngine::open_sharing(&Self::db_dir(dir)?, memtables)?;
+        let db_dir = Self::db_dir(dir)?;
+        let engine = match memtables {
+            Some(share) => RocksEngine::open_sharing(&db_dir, share)?,
+            None => RocksEngine::open(&db_dir)?,
+        };
         tracing::debug!(
             dir = %dir.display(),
-            cache_bytes,
-            databases = memtables.databases(),
-            "opened checkpoint sharing memtables"
+            ?cache,
+            memtables_shared_by = memtables.map(|m| m.databases()),
+            "opened checkpoint"
         );
-        Ok(Self::caching(engine, cache_bytes))
-    }
-
-    /// A checkpoint over `engine` with `cache_bytes` of cache in front (none if 0).
-    fn caching(engine: RocksEngine, cache_bytes: usize) -> Self {
-        if cache_bytes == 0 {
-            return Self::with_engine(Arc::new(engine));
-        }
-        Self::with_engine(Arc::new(CachedEngine::new(engine, cache_bytes)))
-    }
-
-    /// Like [`open`](Self::open), with an equal part of `budget` for the committed state
-    /// kept in memory in front of the database and for the database's memtables: the
-    /// checkpoints of one process's tasks share one budget (see [`SharedStateBudget`]).
-    pub fn open_sharing(dir: &Path, budget: &Arc<SharedStateBudget>) -> Result<Self> {
-        let engine = RocksEngine::open_sharing(&Self::db_dir(dir)?, &budget.memtables)?;
-        tracing::debug!(dir = %dir.display(), shared_cache_bytes = budget.bytes(), "opened checkpoint");
-        Ok(Self::with_engine(Arc::new(CachedEngine::sharing(
-            engine, budget,
-        ))))
+        Ok(Self::with_engine(match cache {
+            StateCache::Own(0) => Arc::new(engine),
+            StateCache::Own(bytes) => Arc::new(CachedEngine::new(engine, *bytes)),
+            StateCache::Shared(budget) => Arc::new(CachedEngine::sharing(engine, budget)),
+        }))
     }
 
     /// The database directory of the checkpoint in `dir`, created if missing.

@@ -39,9 +39,11 @@ mod value;
 #[cfg(test)]
 mod conformance;
 
-pub use cache::SharedStateBudget;
+pub use cache::SharedCacheBudget;
 pub use changelog::ChangeStats;
-pub use checkpoint::{ChangelogWrite, Checkpoint, Commit, DEFAULT_STATE_CACHE_BYTES, Undo};
+pub use checkpoint::{
+    ChangelogWrite, Checkpoint, Commit, DEFAULT_STATE_CACHE_BYTES, StateCache, Undo,
+};
 pub use engine::{GetFn, GetManyFn, KvEngine, ScanFn, WriteBatch, WriteOp};
 pub use memory::{DEFAULT_STATE_MEMORY_BYTES, MemoryError, StateMemory};
 pub use rocks::SharedMemtables;

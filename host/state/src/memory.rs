@@ -3,14 +3,15 @@
 //!
 //! - the **state cache** ([`crate::cache`]): decoded hot per-key state in front of RocksDB,
 //!   per checkpoint, or shared by the checkpoints of a `--group` worker's tasks
-//!   ([`crate::SharedStateBudget`]);
+//!   ([`crate::SharedCacheBudget`]);
 //! - RocksDB's **block cache**: data blocks, and the index and filter blocks of every SST
 //!   file (they are charged to it, not held beside it), shared by the process's writable
 //!   databases;
 //! - RocksDB's **memtables**: at most [`StateMemory::write_buffers`] of
 //!   [`StateMemory::write_buffer_bytes`] each per database, flushed in the background; the
-//!   databases of a `--group` worker's tasks share that room, each with memtables of an equal
-//!   part of the size (down to 1 MiB, see [`crate::SharedStateBudget`]).
+//!   databases of a `--group` worker's tasks (and of a tenant's pipelines in `statebox
+//!   serve`) share that room, each with memtables of an equal part of the size (down to
+//!   1 MiB, see [`crate::SharedMemtables`]).
 //!
 //! RocksDB 7.8's C API (the system library the `rocksdb` crate links here) has no
 //! `WriteBufferManager`, so memtables cannot be charged to the block cache; they get a fixed

@@ -163,15 +163,15 @@ impl Drop for RocksEngine {
 
 /// The memtable room of one database of the budget ([`StateMemory::write_buffers`] of
 /// [`StateMemory::write_buffer_bytes`]), shared by the databases of several checkpoints (the
-/// tasks of a `--group` worker, see [`crate::SharedStateBudget`]; a tenant's pipelines in
-/// `statebox serve`, see [`Checkpoint::open_sharing_memtables`]): each has memtables of an
+/// tasks of a `--group` worker, a tenant's pipelines in `statebox serve`; see
+/// [`Checkpoint::open_with_memory`]): each has memtables of an
 /// equal part of that size, so together they hold what one database would, however many
 /// there are, down to 1 MiB each (past `write_buffer_bytes` / 1 MiB databases the room grows
 /// by `write_buffers` MiB per database). A database that opens shrinks the others' memtables
 /// at once (RocksDB switches one already larger at its next write, and flushes it); one that
 /// closes leaves its part to the rest (their next memtables are larger).
 ///
-/// [`Checkpoint::open_sharing_memtables`]: crate::Checkpoint::open_sharing_memtables
+/// [`Checkpoint::open_with_memory`]: crate::Checkpoint::open_with_memory
 #[derive(Default)]
 pub struct SharedMemtables {
     /// The databases sharing the room. Only this struct upgrades the pointers, under the

@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use statebox_state::Checkpoint;
 use statebox_state::catalog::Catalog;
+use statebox_state::{Checkpoint, StateCache};
 
 use super::{Output, Query};
 use crate::config::{self, meta};
@@ -60,16 +60,15 @@ impl Query {
                 opts.checkpoint.display()
             ))
         })?;
-        let cache_bytes = opts
-            .state_cache_bytes
-            .unwrap_or(statebox_state::DEFAULT_STATE_CACHE_BYTES);
-        let checkpoint = match (&opts.shared_state_budget, &opts.shared_memtables) {
-            (Some(shared), _) => Checkpoint::open_sharing(&opts.checkpoint, shared)?,
-            (None, Some(memtables)) => {
-                Checkpoint::open_sharing_memtables(&opts.checkpoint, cache_bytes, memtables)?
-            }
-            (None, None) => Checkpoint::open_with_cache(&opts.checkpoint, cache_bytes)?,
+        let cache = match &opts.shared_state_cache {
+            Some(shared) => StateCache::Shared(Arc::clone(shared)),
+            None => StateCache::Own(
+                opts.state_cache_bytes
+                    .unwrap_or(statebox_state::DEFAULT_STATE_CACHE_BYTES),
+            ),
         };
+        let checkpoint =
+            Checkpoint::open_with_memory(&opts.checkpoint, &cache, opts.shared_memtables.as_ref())?;
         let config = match checkpoint.get_meta(meta::QUERY)? {
             Some(bytes) => {
                 let stored: QueryConfig = serde_json::from_slice(&bytes)
