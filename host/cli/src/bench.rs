@@ -52,7 +52,7 @@ pub(crate) enum BenchCommand {
 
 #[derive(Args)]
 pub(crate) struct KafkaArgs {
-    /// The Kafka brokers, HOST:PORT[,HOST:PORT]; each run creates two new topics there.
+    /// The Kafka brokers, `HOST:PORT[,HOST:PORT]`; each run creates two new topics there.
     #[arg(long)]
     brokers: String,
     /// Events to generate.

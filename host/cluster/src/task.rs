@@ -136,7 +136,7 @@ impl TaskStore {
     /// Claims the task: writes `owners/<g+1>` create-only, where g is the newest generation
     /// claimed (generations start at 1). Losing a race to another claimant re-reads and
     /// tries the next number, so two claimants never hold the same generation; after
-    /// [`CLAIM_ATTEMPTS`] lost races this gives up with [`Error::Fenced`].
+    /// `CLAIM_ATTEMPTS` lost races this gives up with [`Error::Fenced`].
     ///
     /// Claiming does not stop the previous owner by itself: it stops at its next
     /// [`TaskStore::check_owner`] (done before every plan and manifest it writes), and Kafka

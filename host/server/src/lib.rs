@@ -7,7 +7,7 @@
 //! - **Processors.** Uploaded `.wasm` components are checked against the world, precompiled
 //!   and stored by content hash under `processors/`.
 //! - **Pipelines.** Each pipeline has a directory under `pipelines/<id>/` with its input log
-//!   (rows are acknowledged only once fsynced, see [`input_log`]), its output file and its
+//!   (rows are acknowledged only once fsynced, see `input_log`), its output file and its
 //!   checkpoint; a runner thread owns its [`statebox_engine::Query`]. Exactly-once holds
 //!   across crashes: acknowledged rows are durable, and the engine's checkpointed file
 //!   offsets and committed output length do the rest.
@@ -33,11 +33,11 @@
 //!   as the services called are.
 //! - **Kafka.** A pipeline's source and sink may be Kafka topics instead of HTTP ingest and
 //!   the output log, on brokers the admin granted the tenant, with only safe client options
-//!   (see [`kafka`]).
+//!   (see `kafka`).
 //!
 //! Metadata (tenants, token hashes, processors, pipelines) lives in `registry.json`, written
 //! atomically. Compiled components are loaded only if this server wrote them (see
-//! [`artefacts`]).
+//! `artefacts`).
 
 mod api;
 mod api_console;

@@ -3,8 +3,8 @@
 //!
 //! One RocksDB value per `(batch, partition)` ([`keys::changelog_key`]) holds the entries
 //! back to back, each `[keylen u32][state key][tag u8]` followed by `[len u32][stored value]`
-//! when the tag is a put ([`PUT`], [`PUT_BEFORE`]). Tags [`DELETE_BEFORE`] and
-//! [`PUT_BEFORE`] add the key's before-image, its committed bytes before the batch:
+//! when the tag is a put (`PUT`, `PUT_BEFORE`). Tags `DELETE_BEFORE` and
+//! `PUT_BEFORE` add the key's before-image, its committed bytes before the batch:
 //! `[present u8]`, then `[len u32][stored value]` when present. Undoing the batches after
 //! `N`, newest first, with the before-images gives the state committed at batch `N` (see
 //! [`crate::Checkpoint::undo_since`]). The state key is the full key of the value, element or entry
