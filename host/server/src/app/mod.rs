@@ -324,22 +324,12 @@ impl App {
     }
 
     pub(crate) fn usage(&self, tenant: &str) -> Arc<TenantUsage> {
-        self.usage
-            .lock()
-            .expect("usage lock")
-            .entry(tenant.to_owned())
-            .or_default()
-            .clone()
+        per_tenant(&self.usage, tenant)
     }
 
     /// The memtable room `tenant`'s pipelines share.
     pub(crate) fn memtables(&self, tenant: &str) -> Arc<SharedMemtables> {
-        self.memtables
-            .lock()
-            .expect("memtables lock")
-            .entry(tenant.to_owned())
-            .or_default()
-            .clone()
+        per_tenant(&self.memtables, tenant)
     }
 
     pub(crate) fn count_rejected(&self, tenant: &str) {
@@ -716,4 +706,13 @@ fn lock_data_dir(dir: &Path) -> Result<std::fs::File, ServeError> {
         return Err(ServeError::DataDirInUse(dir.to_owned()));
     }
     Ok(file)
+}
+
+/// `tenant`'s entry of a per-tenant map of shared parts, made on its first use.
+fn per_tenant<T: Default>(map: &Mutex<HashMap<String, Arc<T>>>, tenant: &str) -> Arc<T> {
+    map.lock()
+        .expect("per-tenant map lock")
+        .entry(tenant.to_owned())
+        .or_default()
+        .clone()
 }
