@@ -107,6 +107,16 @@ impl WriteBatch {
         Self::default()
     }
 
+    /// A batch of `ops`, in order (the vector's spare room is kept for more).
+    pub fn from_ops(ops: Vec<WriteOp>) -> Self {
+        Self { ops }
+    }
+
+    /// Appends `op`.
+    pub fn push(&mut self, op: WriteOp) {
+        self.ops.push(op);
+    }
+
     /// Appends a put.
     pub fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
         self.ops.push(WriteOp::Put(key, value));
