@@ -633,9 +633,9 @@ impl Checkpoint {
     }
 }
 
-/// Merges the sealed transactions' operation lists (each ascending by key) into one
-/// ascending list, ties in transaction order, when that applies the same as running them one
-/// after the other; else concatenates them.
+/// Appends the sealed transactions' operation lists (each ascending by key) to `out`,
+/// merged into one ascending run, ties in transaction order, when that applies the same as
+/// running them one after the other; else one after the other.
 ///
 /// RocksDB inserts a batch into its memtable key by key, and each insert starts its search
 /// where the previous one ended: one ascending run costs far fewer key comparisons than one
