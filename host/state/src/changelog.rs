@@ -102,37 +102,37 @@ fn push_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(bytes);
 }
 
-/// A logged point write: its key, new value (`None`: deleted), and whether its key is known
-/// to have had no committed value.
-type Logged<'a> = (&'a [u8], Option<&'a [u8]>, bool);
+/// A logged point write: its key, new value (`None`: deleted), and its before-image when
+/// known without a read (`Some(None)`: the key had no committed value).
+type Logged<'a> = (&'a [u8], Option<&'a [u8]>, Option<Option<&'a [u8]>>);
 
 /// Appends the entries of the logged point writes among `ops`, reading each key's
 /// before-image from `engine` (the committed state the batch ran on) in one batched read;
-/// the operations at the indexes in `fresh` (ascending) are on keys known to have had no
-/// committed value, and are not read.
+/// the operations at the indexes in `known` (ascending) have their before-image given
+/// (`None`: the key had no committed value), and are not read.
 pub(crate) fn push_ops(
     out: &mut Vec<u8>,
     ops: &[WriteOp],
-    fresh: &[usize],
+    known: &[(usize, Option<&[u8]>)],
     engine: &dyn KvEngine,
 ) -> Result<()> {
     // In op order.
-    let mut fresh = fresh.iter().peekable();
+    let mut known = known.iter().peekable();
     let logged_ops: Vec<Logged<'_>> = ops
         .iter()
         .enumerate()
         .filter_map(|(i, op)| {
-            let known = fresh.next_if_eq(&&i).is_some();
+            let before = known.next_if(|(at, _)| *at == i).map(|(_, before)| *before);
             match op {
-                WriteOp::Put(k, v) => Some((k.as_slice(), Some(v.as_slice()), known)),
-                WriteOp::Delete(k) => Some((k.as_slice(), None, known)),
+                WriteOp::Put(k, v) => Some((k.as_slice(), Some(v.as_slice()), before)),
+                WriteOp::Delete(k) => Some((k.as_slice(), None, before)),
                 WriteOp::DeleteRange(..) => None,
             }
         })
         .filter(|(k, _, _)| k.first().is_some_and(|&ns| logged(ns)))
         .collect();
     let read: Vec<usize> = (0..logged_ops.len())
-        .filter(|&i| !logged_ops[i].2)
+        .filter(|&i| logged_ops[i].2.is_none())
         .collect();
     let keys: Vec<&[u8]> = read.iter().map(|&i| logged_ops[i].0).collect();
     // Entries go out in op order: the known ones before each read one as it is answered
@@ -140,16 +140,16 @@ pub(crate) fn push_ops(
     let mut next = 0;
     engine.get_many(&keys, &mut |j, before| {
         let at = read[j];
-        for &(k, v, _) in &logged_ops[next..at] {
-            push(out, k, v, None);
+        for &(k, v, known) in &logged_ops[next..at] {
+            push(out, k, v, known.flatten());
         }
         let (k, v, _) = logged_ops[at];
         push(out, k, v, before);
         next = at + 1;
         Ok(())
     })?;
-    for &(k, v, _) in &logged_ops[next..] {
-        push(out, k, v, None);
+    for &(k, v, known) in &logged_ops[next..] {
+        push(out, k, v, known.flatten());
     }
     Ok(())
 }

@@ -70,6 +70,10 @@ pub struct PartitionTxn {
     /// Reused buffer for building keys: `[ns]` followed by the overlay's hash key, then
     /// whatever suffix a backend read needs.
     scratch: RefCell<Vec<u8>>,
+    /// The committed bytes (`None`: none) of every value, list element and map entry this
+    /// batch read from the engine, by full key: the before-images the change log needs for the ones the
+    /// batch then writes, known without reading them again at [`Self::seal`].
+    reads: RefCell<Vec<(SmallBytes, Option<SmallBytes>)>>,
 }
 
 /// The buffered writes (see the module documentation).
@@ -117,6 +121,7 @@ impl PartitionTxn {
             overlay: Overlay::default(),
             sealed: None,
             scratch: RefCell::new(Vec::with_capacity(64)),
+            reads: RefCell::default(),
         }
     }
 
@@ -656,9 +661,8 @@ impl PartitionTxn {
                 self.new_timers_from()
             };
             let (ops, fresh) = overlay.into_ops(new_timers_from);
-            let mut changes = Vec::new();
-            let changes =
-                changelog::push_ops(&mut changes, &ops, &fresh, &*self.engine).map(|()| changes);
+            let mut reads = std::mem::take(self.reads.get_mut());
+            let known = known_befores(&ops, &fresh, &mut reads);
             let op_bytes: usize = ops
                 .iter()
                 .map(|op| match op {
@@ -667,6 +671,11 @@ impl PartitionTxn {
                     WriteOp::DeleteRange(start, end) => start.len() + end.len(),
                 })
                 .sum();
+            // Room for every operation logged with a before-image as large as its value: the
+            // log is built once, not copied as it doubles.
+            let mut changes = Vec::with_capacity(2 * op_bytes + ops.len() * LOG_ENTRY_OVERHEAD);
+            let changes =
+                changelog::push_ops(&mut changes, &ops, &known, &*self.engine).map(|()| changes);
             let log_bytes = changes.as_ref().map_or(0, Vec::len);
             self.sealed = Some(Sealed {
                 ops,
@@ -752,11 +761,27 @@ impl PartitionTxn {
     /// The live committed value at `key`.
     fn get_committed(&self, key: &[u8]) -> Result<Option<StoredValue>> {
         let clock = self.ttl_clock;
-        let found = read_with(&*self.engine, key, |v| {
+        let found = self.read_committed(key, |v| {
             let header = Header::decode(v)?;
             Ok(header.is_live(clock).then(|| header.to_owned()))
         })?;
         Ok(found.flatten())
+    }
+
+    /// `f` of the committed bytes at `key` (a value, list element or map entry), if any.
+    /// What was committed there is kept in `reads` as the key's before-image.
+    fn read_committed<R>(
+        &self,
+        key: &[u8],
+        f: impl FnOnce(&[u8]) -> Result<R>,
+    ) -> Result<Option<R>> {
+        let mut before = None;
+        let found = read_with(&*self.engine, key, |v| {
+            before = Some(SmallBytes::new(v));
+            f(v)
+        })?;
+        self.reads.borrow_mut().push((SmallBytes::new(key), before));
+        Ok(found)
     }
 
     /// Whether the collection under `prefix` holds a live value.
@@ -870,7 +895,7 @@ impl PartitionTxn {
                 return bytes.map(expiry).transpose();
             }
         }
-        read_with(&*self.engine, state_key, expiry)
+        self.read_committed(state_key, expiry)
     }
 
     /// Deletes the value, list element or map entry at `state_key`.
@@ -1067,6 +1092,49 @@ fn read_with<R>(
         Ok(())
     })?;
     Ok(out)
+}
+
+/// Bytes a change log entry adds to its key and values (lengths and tags).
+const LOG_ENTRY_OVERHEAD: usize = 14;
+
+/// The operations among `ops` (ascending by key, as [`Overlay::into_ops`] makes them) whose
+/// before-image is known without a read, ascending by index: those at the indexes in
+/// `fresh` had no committed value, and those on a key the batch read from the engine had
+/// what `reads` holds for it. `reads` is sorted here. A key the batch read and then wrote
+/// was read before its first write (the overlay answers every later read), so what was read
+/// is what the batch started from; and an operation left out is simply read at the seal.
+fn known_befores<'a>(
+    ops: &[WriteOp],
+    fresh: &[usize],
+    reads: &'a mut [(SmallBytes, Option<SmallBytes>)],
+) -> Vec<(usize, Option<&'a [u8]>)> {
+    reads.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let reads: &'a [(SmallBytes, Option<SmallBytes>)] = reads;
+    let mut known = Vec::with_capacity(fresh.len() + reads.len());
+    let mut fresh = fresh.iter().copied().peekable();
+    let mut next_read = 0;
+    for (i, op) in ops.iter().enumerate() {
+        if fresh.next_if_eq(&i).is_some() {
+            known.push((i, None));
+            continue;
+        }
+        let key = match op {
+            WriteOp::Put(k, _) | WriteOp::Delete(k) => k.as_slice(),
+            WriteOp::DeleteRange(..) => continue,
+        };
+        while reads
+            .get(next_read)
+            .is_some_and(|(k, _)| k.as_slice() < key)
+        {
+            next_read += 1;
+        }
+        if let Some((k, before)) = reads.get(next_read)
+            && k.as_slice() == key
+        {
+            known.push((i, before.as_deref()));
+        }
+    }
+    known
 }
 
 /// The stored value in `bytes` if it is live at `clock`.

@@ -345,3 +345,105 @@ fn appended_list_elements_are_logged_as_new_without_reading_them() {
     assert_eq!(first.value.map(<[u8]>::to_vec), Some(v("x").encode()));
     assert_eq!(first.before, Some(Some(&v("a").encode()[..])));
 }
+
+#[test]
+fn values_and_map_entries_the_batch_read_are_logged_without_reading_them_again() {
+    let engine = CountingReads::new(keys::VALUE);
+    let cp = Checkpoint::with_engine(engine.clone());
+    let expiring = StoredValue {
+        expires_at_ms: Some(5),
+        ..v("expiring")
+    };
+    let mut txn = cp.txn(0);
+    txn.value_put(1, b"k", v("a")).unwrap();
+    txn.value_put(1, b"unread", v("old")).unwrap();
+    txn.value_put(1, b"expired", expiring.clone()).unwrap();
+    commit(&cp, txn);
+    engine.take();
+
+    let mut txn = cp.txn(0);
+    txn.set_ttl_clock(Some(10));
+    assert_eq!(txn.value_get(1, b"k").unwrap(), Some(v("a")));
+    assert_eq!(txn.value_get(1, b"new").unwrap(), None);
+    assert_eq!(txn.value_get(1, b"expired").unwrap(), None, "expired at 5");
+    assert_eq!(txn.value_get(1, b"read-only").unwrap(), None);
+    txn.value_put(1, b"k", v("b")).unwrap();
+    // Read again once written: the overlay answers, and the first read stays the before.
+    assert_eq!(txn.value_get(1, b"k").unwrap(), Some(v("b")));
+    txn.value_put(1, b"new", v("n")).unwrap();
+    txn.value_put(1, b"expired", v("e")).unwrap();
+    txn.value_put(1, b"unread", v("z")).unwrap();
+    assert_eq!(engine.take(), 4, "the batch's own reads");
+    let (_, log) = txn.into_parts();
+    let log = log.unwrap();
+    assert_eq!(
+        engine.take(),
+        1,
+        "only the value the batch wrote unread is read at the seal"
+    );
+    let befores: Vec<_> = changelog::decode(&log)
+        .map(|c| {
+            let c = c.unwrap();
+            (c.key.to_vec(), c.before.map(|b| b.map(<[u8]>::to_vec)))
+        })
+        .collect();
+    assert_eq!(
+        befores,
+        [
+            // In key order: grouping keys are length-prefixed.
+            (keys::value_key(1, b"k"), Some(Some(v("a").encode()))),
+            (keys::value_key(1, b"new"), Some(None)),
+            (keys::value_key(1, b"unread"), Some(Some(v("old").encode()))),
+            (
+                keys::value_key(1, b"expired"),
+                Some(Some(expiring.encode()))
+            ),
+        ],
+        "the before-images are the committed bytes, an expired value's included"
+    );
+
+    let engine = CountingReads::new(keys::MAP);
+    let cp = Checkpoint::with_engine(engine.clone());
+    let mut txn = cp.txn(0);
+    txn.map_put(1, b"k", b"u", v("m")).unwrap();
+    commit(&cp, txn);
+    let mut txn = cp.txn(0);
+    assert_eq!(txn.map_get(1, b"k", b"u").unwrap(), Some(v("m")));
+    assert_eq!(txn.map_get(1, b"k", b"w").unwrap(), None);
+    txn.map_put(1, b"k", b"u", v("m2")).unwrap();
+    txn.map_put(1, b"k", b"w", v("w")).unwrap();
+    engine.take();
+    let (_, log) = txn.into_parts();
+    let log = log.unwrap();
+    assert_eq!(engine.take(), 0, "both entries were read by the batch");
+    let befores: Vec<_> = changelog::decode(&log)
+        .map(|c| c.unwrap().before.map(|b| b.map(<[u8]>::to_vec)))
+        .collect();
+    assert_eq!(befores, [Some(Some(v("m").encode())), Some(None)]);
+}
+
+#[test]
+fn state_removed_by_ttl_cleanup_is_logged_without_reading_it_again() {
+    let engine = CountingReads::new(keys::VALUE);
+    let cp = Checkpoint::with_engine(engine.clone());
+    let expiring = StoredValue {
+        expires_at_ms: Some(5),
+        ..v("expiring")
+    };
+    let mut txn = cp.txn(0);
+    txn.value_put(1, b"k", expiring.clone()).unwrap();
+    commit(&cp, txn);
+    engine.take();
+
+    let mut txn = cp.txn(0);
+    assert_eq!(txn.ttl_cleanup(10).unwrap(), 1);
+    assert_eq!(engine.take(), 1, "the cleanup read the value's expiry");
+    let (_, log) = txn.into_parts();
+    let log = log.unwrap();
+    assert_eq!(engine.take(), 0, "and the seal did not read it again");
+    let changes: Vec<_> = changelog::decode(&log).collect::<Result<_>>().unwrap();
+    assert_eq!(changes.len(), 1);
+    assert_eq!(changes[0].key, keys::value_key(1, b"k"));
+    assert_eq!(changes[0].value, None);
+    assert_eq!(changes[0].before, Some(Some(&expiring.encode()[..])));
+}
