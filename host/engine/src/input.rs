@@ -109,17 +109,18 @@ pub(crate) struct DecodeStats {
 
 /// One decoded row of a chunk.
 struct Decoded<'a> {
-    partition: u32,
     key: Range<u32>,
     row: &'a str,
     line: u64,
 }
 
-/// A chunk's decoded rows; keys live in one arena string.
+/// A chunk's decoded rows, by partition and in input order within each; keys live in one
+/// arena string.
 struct DecodedChunk<'a> {
     file: u32,
     keys: String,
-    rows: Vec<Decoded<'a>>,
+    /// Indexed by partition: each grouping worker then reads only its partitions' rows.
+    rows: Vec<Vec<Decoded<'a>>>,
     late_rows: u64,
     max_event_time_ms: Option<i64>,
 }
@@ -166,7 +167,11 @@ pub(crate) fn decode<'a>(
         *m = (*m).max(c.max_event_time_ms);
     }
     let stats = DecodeStats {
-        rows: all.iter().map(|c| c.rows.len() as u64).sum(),
+        rows: all
+            .iter()
+            .flat_map(|c| &c.rows)
+            .map(|r| r.len() as u64)
+            .sum(),
         late_rows: all.iter().map(|c| c.late_rows).sum(),
         max_event_time_ms: all.iter().filter_map(|c| c.max_event_time_ms).max(),
         max_event_time_per_text,
@@ -180,7 +185,7 @@ pub(crate) fn decode<'a>(
                 s.spawn(move || {
                     (lane..partitions)
                         .step_by(group_lanes)
-                        .map(|p| (p, group(all, p as u32, file_offset)))
+                        .map(|p| (p, group(all, p, file_offset)))
                         .collect::<Vec<_>>()
                 })
             })
@@ -232,7 +237,9 @@ fn decode_chunk<'a>(
     let mut out = DecodedChunk {
         file: chunk.file,
         keys: String::with_capacity(chunk.text.len() / 4),
-        rows: Vec::with_capacity(chunk.text.len() / 64),
+        rows: (0..partitions)
+            .map(|_| Vec::with_capacity(chunk.text.len() / 64 / partitions.max(1)))
+            .collect(),
         late_rows: 0,
         max_event_time_ms: None,
     };
@@ -279,9 +286,8 @@ fn decode_chunk<'a>(
             push_canonical(&mut out.keys, value.get());
         }
         out.keys.push(']');
-        let partition = partition_of(&out.keys.as_bytes()[start..], partitions) as u32;
-        out.rows.push(Decoded {
-            partition,
+        let partition = partition_of(&out.keys.as_bytes()[start..], partitions);
+        out.rows[partition].push(Decoded {
             key: start as u32..out.keys.len() as u32,
             row: line,
             line: line_no,
@@ -293,15 +299,11 @@ fn decode_chunk<'a>(
 /// Groups partition `p`'s rows by key, in input order, and copies them key by key into the
 /// partition's own text. The copy reads the input in order: a first pass counts each key's
 /// rows and bytes, a second puts each row at its key's next place.
-fn group(chunks: &[DecodedChunk<'_>], p: u32, file_offset: u32) -> PartitionInput {
+fn group(chunks: &[DecodedChunk<'_>], p: usize, file_offset: u32) -> PartitionInput {
     let rows_of_p = || {
-        chunks.iter().flat_map(move |chunk| {
-            chunk
-                .rows
-                .iter()
-                .filter(move |r| r.partition == p)
-                .map(move |r| (chunk, r))
-        })
+        chunks
+            .iter()
+            .flat_map(move |chunk| chunk.rows[p].iter().map(move |r| (chunk, r)))
     };
     // Per key, in order of first rows: (key, rows, bytes); and each row's key.
     let mut index: FxHashMap<&str, usize> = FxHashMap::default();
