@@ -346,14 +346,19 @@ fn appended_list_elements_are_logged_as_new_without_reading_them() {
     assert_eq!(first.before, Some(Some(&v("a").encode()[..])));
 }
 
+/// A value that expires at `ms`.
+fn expiring_at(ms: i64) -> StoredValue {
+    StoredValue {
+        expires_at_ms: Some(ms),
+        ..v("expiring")
+    }
+}
+
 #[test]
 fn values_and_map_entries_the_batch_read_are_logged_without_reading_them_again() {
     let engine = CountingReads::new(keys::VALUE);
     let cp = Checkpoint::with_engine(engine.clone());
-    let expiring = StoredValue {
-        expires_at_ms: Some(5),
-        ..v("expiring")
-    };
+    let expiring = expiring_at(5);
     let mut txn = cp.txn(0);
     txn.value_put(1, b"k", v("a")).unwrap();
     txn.value_put(1, b"unread", v("old")).unwrap();
@@ -426,10 +431,7 @@ fn values_and_map_entries_the_batch_read_are_logged_without_reading_them_again()
 fn state_removed_by_ttl_cleanup_is_logged_without_reading_it_again() {
     let engine = CountingReads::new(keys::VALUE);
     let cp = Checkpoint::with_engine(engine.clone());
-    let expiring = StoredValue {
-        expires_at_ms: Some(5),
-        ..v("expiring")
-    };
+    let expiring = expiring_at(5);
     let mut txn = cp.txn(0);
     txn.value_put(1, b"k", expiring.clone()).unwrap();
     commit(&cp, txn);
