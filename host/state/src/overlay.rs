@@ -69,6 +69,11 @@ impl SmallBytes {
         }
     }
 
+    /// Bytes a string of `len` bytes takes on the heap: none when it is inline.
+    pub(crate) fn heap_len(len: usize) -> usize {
+        if len <= INLINE { 0 } else { len }
+    }
+
     /// The bytes as a vector: a heap string's own buffer, not a copy.
     pub(crate) fn into_vec(self) -> Vec<u8> {
         match self {

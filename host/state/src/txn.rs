@@ -70,10 +70,48 @@ pub struct PartitionTxn {
     /// Reused buffer for building keys: `[ns]` followed by the overlay's hash key, then
     /// whatever suffix a backend read needs.
     scratch: RefCell<Vec<u8>>,
-    /// The committed bytes (`None`: none) of every value, list element and map entry this
-    /// batch read from the engine, by full key: the before-images the change log needs for the ones the
-    /// batch then writes, known without reading them again at [`Self::seal`].
-    reads: RefCell<Vec<(SmallBytes, Option<SmallBytes>)>>,
+    /// What the batch's reads of committed values, list elements and map entries found:
+    /// the before-images the change log needs of the ones it then writes, known without
+    /// reading them again at [`Self::seal`].
+    reads: RefCell<Reads>,
+}
+
+/// Bytes [`Reads`] may hold per transaction, its list's spare room aside (at most as much
+/// again). Past it a read is not kept, and the seal reads the key again if the batch wrote
+/// it: a batch reading many large values does not hold a second copy of them all. Each
+/// worker holds one partition's until its seal; the counter's 100k keys on 4 partitions
+/// keep ~3 MiB per partition.
+const READS_LIMIT: usize = 16 << 20;
+
+/// The committed bytes (`None`: none) each kept read of a [`PartitionTxn`] found, by full
+/// key.
+#[derive(Default)]
+struct Reads {
+    kept: Vec<(SmallBytes, Option<SmallBytes>)>,
+    /// What `kept` holds: its entries and the heap copies of long keys and values.
+    bytes: usize,
+}
+
+impl Reads {
+    /// Bytes a kept read of a `key_len`-byte key that found `value_len` bytes takes.
+    fn cost(key_len: usize, value_len: usize) -> usize {
+        size_of::<(SmallBytes, Option<SmallBytes>)>()
+            + SmallBytes::heap_len(key_len)
+            + SmallBytes::heap_len(value_len)
+    }
+
+    fn has_room(&self, key_len: usize, value_len: usize) -> bool {
+        self.bytes + Self::cost(key_len, value_len) <= READS_LIMIT
+    }
+
+    /// Keeps what a read of `key` found, if there is room.
+    fn keep(&mut self, key: &[u8], found: Option<SmallBytes>) {
+        let value_len = found.as_deref().map_or(0, <[u8]>::len);
+        if self.has_room(key.len(), value_len) {
+            self.bytes += Self::cost(key.len(), value_len);
+            self.kept.push((SmallBytes::new(key), found));
+        }
+    }
 }
 
 /// The buffered writes (see the module documentation).
@@ -661,7 +699,7 @@ impl PartitionTxn {
                 self.new_timers_from()
             };
             let (ops, fresh) = overlay.into_ops(new_timers_from);
-            let mut reads = std::mem::take(self.reads.get_mut());
+            let mut reads = std::mem::take(&mut self.reads.get_mut().kept);
             let known = known_befores(&ops, &fresh, &mut reads);
             let op_bytes: usize = ops
                 .iter()
@@ -769,18 +807,26 @@ impl PartitionTxn {
     }
 
     /// `f` of the committed bytes at `key` (a value, list element or map entry), if any.
-    /// What was committed there is kept in `reads` as the key's before-image.
+    /// What was committed there is kept in `reads` as the key's before-image, if it has
+    /// room.
     fn read_committed<R>(
         &self,
         key: &[u8],
         f: impl FnOnce(&[u8]) -> Result<R>,
     ) -> Result<Option<R>> {
-        let mut before = None;
+        let mut copy = None;
         let found = read_with(&*self.engine, key, |v| {
-            before = Some(SmallBytes::new(v));
+            if self.reads.borrow().has_room(key.len(), v.len()) {
+                copy = Some(SmallBytes::new(v));
+            }
             f(v)
         })?;
-        self.reads.borrow_mut().push((SmallBytes::new(key), before));
+        match (&found, copy) {
+            (None, _) => self.reads.borrow_mut().keep(key, None),
+            (Some(_), Some(copy)) => self.reads.borrow_mut().keep(key, Some(copy)),
+            // Found, but too large to keep.
+            (Some(_), None) => {}
+        }
         Ok(found)
     }
 

@@ -449,3 +449,44 @@ fn state_removed_by_ttl_cleanup_is_logged_without_reading_it_again() {
     assert_eq!(changes[0].value, None);
     assert_eq!(changes[0].before, Some(Some(&expiring.encode()[..])));
 }
+
+#[test]
+fn reads_past_their_limit_are_not_kept_and_read_again_at_the_seal() {
+    let engine = CountingReads::new(keys::VALUE);
+    let cp = Checkpoint::with_engine(engine.clone());
+    let big = |i: usize| v(&format!("{}{i:02}", "0".repeat(1 << 20)));
+    let n = 20;
+    let mut txn = cp.txn(0);
+    for i in 0..n {
+        txn.value_put(1, format!("k{i:02}").as_bytes(), big(i))
+            .unwrap();
+    }
+    commit(&cp, txn);
+
+    let mut txn = cp.txn(0);
+    for i in 0..n {
+        let key = format!("k{i:02}");
+        assert_eq!(txn.value_get(1, key.as_bytes()).unwrap(), Some(big(i)));
+        txn.value_put(1, key.as_bytes(), v("small")).unwrap();
+    }
+    let key_len = keys::value_key(1, b"k00").len();
+    let kept = READS_LIMIT / Reads::cost(key_len, big(0).encode().len());
+    assert!(kept < n, "the test reads past the limit");
+    assert!(txn.reads.borrow().bytes <= READS_LIMIT);
+    engine.take();
+    let (_, log) = txn.into_parts();
+    let log = log.unwrap();
+    assert_eq!(
+        engine.take(),
+        n - kept,
+        "the reads not kept are read at the seal"
+    );
+    let befores: Vec<_> = changelog::decode(&log)
+        .map(|c| c.unwrap().before.map(|b| b.map(<[u8]>::to_vec)))
+        .collect();
+    let expected: Vec<_> = (0..n).map(|i| Some(Some(big(i).encode()))).collect();
+    assert!(
+        befores == expected,
+        "every before-image is the committed value"
+    );
+}
