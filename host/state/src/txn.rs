@@ -100,16 +100,13 @@ impl Reads {
             + SmallBytes::heap_len(value_len)
     }
 
-    fn has_room(&self, key_len: usize, value_len: usize) -> bool {
-        self.bytes + Self::cost(key_len, value_len) <= READS_LIMIT
-    }
-
-    /// Keeps what a read of `key` found, if there is room.
-    fn keep(&mut self, key: &[u8], found: Option<SmallBytes>) {
-        let value_len = found.as_deref().map_or(0, <[u8]>::len);
-        if self.has_room(key.len(), value_len) {
-            self.bytes += Self::cost(key.len(), value_len);
-            self.kept.push((SmallBytes::new(key), found));
+    /// Keeps a copy of what a read of `key` found, if there is room.
+    fn keep(&mut self, key: &[u8], found: Option<&[u8]>) {
+        let cost = Self::cost(key.len(), found.map_or(0, <[u8]>::len));
+        if self.bytes + cost <= READS_LIMIT {
+            self.bytes += cost;
+            self.kept
+                .push((SmallBytes::new(key), found.map(SmallBytes::new)));
         }
     }
 }
@@ -814,18 +811,12 @@ impl PartitionTxn {
         key: &[u8],
         f: impl FnOnce(&[u8]) -> Result<R>,
     ) -> Result<Option<R>> {
-        let mut copy = None;
         let found = read_with(&*self.engine, key, |v| {
-            if self.reads.borrow().has_room(key.len(), v.len()) {
-                copy = Some(SmallBytes::new(v));
-            }
+            self.reads.borrow_mut().keep(key, Some(v));
             f(v)
         })?;
-        match (&found, copy) {
-            (None, _) => self.reads.borrow_mut().keep(key, None),
-            (Some(_), Some(copy)) => self.reads.borrow_mut().keep(key, Some(copy)),
-            // Found, but too large to keep.
-            (Some(_), None) => {}
+        if found.is_none() {
+            self.reads.borrow_mut().keep(key, None);
         }
         Ok(found)
     }
