@@ -147,3 +147,65 @@ fn the_cli_names_the_file_and_the_problem() {
         .run()
         .expect_error(&["/nonexistent/processor.wasm"]);
 }
+
+/// The cache of compiled components stays within its bound: compiling a component into a
+/// full cache removes the least recently used artefacts, and loading one from the cache
+/// counts as a use.
+#[test]
+fn the_compiled_component_cache_removes_what_was_used_least_recently() {
+    use statebox_runtime::RuntimeConfig;
+    use statebox_runtime::cache::COMPILED_MAX_BYTES;
+    use std::time::{Duration, SystemTime};
+
+    let scratch = Scratch::new();
+    let cache = scratch.path().join("compiled");
+    let rt = Runtime::new(RuntimeConfig {
+        cache_dir: Some(cache.clone()),
+        cache_max_bytes: Some(COMPILED_MAX_BYTES),
+        ..RuntimeConfig::default()
+    })
+    .unwrap();
+    let artefacts = || -> Vec<std::path::PathBuf> {
+        let mut all: Vec<_> = std::fs::read_dir(&cache)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "cwasm"))
+            .collect();
+        all.sort();
+        all
+    };
+    let set_age = |path: &Path, age: Duration| {
+        std::fs::File::options()
+            .append(true)
+            .open(path)
+            .unwrap()
+            .set_modified(SystemTime::now() - age)
+            .unwrap();
+    };
+    let day = Duration::from_secs(86_400);
+
+    // The counter's artefact, last used two days ago.
+    rt.load_file(Path::new(guests::COUNTER)).unwrap();
+    let [counter] = artefacts().try_into().unwrap();
+    set_age(&counter, 2 * day);
+    // Another artefact, the cache's whole bound on its own (sparse: no disk), last used a
+    // day ago.
+    let stale = cache.join("stale.cwasm");
+    std::fs::File::create(&stale)
+        .unwrap()
+        .set_len(COMPILED_MAX_BYTES)
+        .unwrap();
+    set_age(&stale, day);
+    // Loaded from the cache: the counter's artefact is now the most recently used.
+    rt.load_file(Path::new(guests::COUNTER)).unwrap();
+    // Compiling another component fills the cache past its bound: the stale artefact goes,
+    // the counter's stays.
+    rt.load_file(Path::new(guests::SCD1)).unwrap();
+    let left = artefacts();
+    assert!(
+        !stale.exists(),
+        "the least recently used artefact stayed: {left:?}"
+    );
+    assert_eq!(left.len(), 2, "{left:?}");
+    assert!(left.contains(&counter), "{left:?}");
+}

@@ -502,3 +502,44 @@ fn a_failing_key_of_a_batched_call_is_named_and_bad_rows_keep_their_line() {
         "the error should name the bad row's file and line: {err}"
     );
 }
+
+/// The cache of Python builds stays within its bound: a build into a full cache removes the
+/// least recently used builds.
+#[test]
+fn a_build_into_a_full_cache_removes_the_least_recently_used_builds() {
+    let scratch = tempfile::tempdir().expect("create a temporary directory");
+    let cache = scratch.path().join("cache");
+    let builds = cache.join("python");
+    std::fs::create_dir_all(&builds).unwrap();
+    // An old build, 2 GiB on its own (sparse: no disk), the cache's whole bound.
+    let stale = builds.join("old-0123.wasm");
+    let file = std::fs::File::create(&stale).unwrap();
+    file.set_len(2 << 30).unwrap();
+    file.set_modified(std::time::SystemTime::now() - Duration::from_secs(86_400))
+        .unwrap();
+    drop(file);
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/counter-py/processor.py");
+    let out = {
+        let _one = BUILDS.lock().unwrap_or_else(|e| e.into_inner());
+        Command::new(statebox_bin())
+            .arg("build-python")
+            .arg(&source)
+            .arg("-o")
+            .arg(scratch.path().join("counter.wasm"))
+            .env("STATEBOX_CACHE_DIR", &cache)
+            .stdin(Stdio::null())
+            .output()
+            .expect("spawn statebox")
+    };
+    assert!(out.status.success(), "{}", text(&out));
+    let left: Vec<String> = std::fs::read_dir(&builds)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".wasm"))
+        .collect();
+    assert!(!stale.exists(), "the old build stayed: {left:?}");
+    assert!(
+        left.len() == 1 && left[0].starts_with("processor-"),
+        "the new build is not in the cache: {left:?}"
+    );
+}

@@ -255,6 +255,7 @@ impl StateboxRun {
 pub fn runtime(limits: Limits) -> Runtime {
     Runtime::new(RuntimeConfig {
         cache_dir: Some(component_cache()),
+        cache_max_bytes: Some(statebox_runtime::cache::COMPILED_MAX_BYTES),
         limits,
         per_key_calls: false,
     })

@@ -316,6 +316,7 @@ impl SandboxArgs {
         };
         RuntimeConfig {
             cache_dir: cache_dir(),
+            cache_max_bytes: Some(statebox_runtime::cache::COMPILED_MAX_BYTES),
             limits,
             per_key_calls: self.per_key_calls,
         }

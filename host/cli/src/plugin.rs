@@ -126,8 +126,15 @@ fn build_js(path: &Path) -> anyhow::Result<PathBuf> {
         .map(|line| PathBuf::from(line.trim()))
         .filter(|wasm| wasm.is_file())
         .with_context(|| format!("build.mjs printed no component path: {stdout}"))?;
+    // build.mjs finds or adds the component; the cache's bound is kept here.
+    statebox_runtime::cache::mark_used(&wasm);
+    statebox_runtime::cache::trim(&cache, "wasm", JS_BUILDS_MAX_BYTES, &wasm);
     Ok(wasm)
 }
+
+/// What the cache of built JavaScript processors keeps (in bytes) before it removes the
+/// least recently used.
+const JS_BUILDS_MAX_BYTES: u64 = 1 << 30;
 
 /// The directory `sub` of this user's cache of built components: under the CLI's cache
 /// (`$STATEBOX_CACHE_DIR`, `$XDG_CACHE_HOME/statebox/components` or

@@ -290,6 +290,7 @@ pub(crate) fn build(source: &Path, options: &PythonOptions) -> anyhow::Result<Pa
     let cache = crate::plugin::user_cache_dir("python")?;
     let wasm = cache.join(format!("{stem}-{:032x}.wasm", hash.0));
     if wasm.is_file() {
+        statebox_runtime::cache::mark_used(&wasm);
         return Ok(wasm);
     }
     std::fs::create_dir_all(&cache).with_context(|| format!("create {}", cache.display()))?;
@@ -337,8 +338,14 @@ pub(crate) fn build(source: &Path, options: &PythonOptions) -> anyhow::Result<Pa
     partial
         .persist(&wasm)
         .with_context(|| format!("cannot store {}", wasm.display()))?;
+    statebox_runtime::cache::trim(&cache, "wasm", BUILDS_MAX_BYTES, &wasm);
     Ok(wasm)
 }
+
+/// What the cache of built Python processors keeps (in bytes) before it removes the least
+/// recently used: about a hundred builds (~21 MiB each). The source's path is part of a
+/// build (tracebacks name it), so the same file in a new place is a new entry.
+const BUILDS_MAX_BYTES: u64 = 2 << 30;
 
 /// The WIT folder the build reads: the Statebox package (`wit/`) with the Python world
 /// (`guest-sdk/python/wit/python.wit`) added to it, and the WASI packages it imports as

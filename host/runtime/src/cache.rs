@@ -1,18 +1,33 @@
 //! The disk cache of compiled components, keyed by the BLAKE3 hash of the component's
 //! bytes: loading a processor the host compiled before skips Cranelift.
+//!
+//! A cache keyed by content only grows: every edit of a processor, and every build whose
+//! bytes name where it was built, adds an entry. [`trim`] keeps a directory of entries
+//! within a size, removing the least recently used first ([`mark_used`] on every hit), so
+//! a user's cache and a CI machine's stay bounded. The CLI's build caches of Python and
+//! JavaScript processors use the same two functions.
 
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
 use crate::error::{CacheWriteError, LoadError};
 
+/// What the CLI's cache of compiled components keeps (in bytes) before it removes the least
+/// recently used: about a hundred Python processors (~37 MiB compiled each), or a thousand
+/// Rust ones.
+pub const COMPILED_MAX_BYTES: u64 = 4 << 30;
+
 /// Compiles `bytes` (whose content hash is `hash`), or reads the artifact an earlier
 /// compilation left in `cache_dir`; a fresh compilation is written there for next time.
+/// Past `max_bytes` (if given), the least recently used artifacts are removed after a
+/// fresh one is written.
 pub(crate) fn compile_cached(
     engine: &Engine,
     cache_dir: Option<&Path>,
+    max_bytes: Option<u64>,
     bytes: &[u8],
     hash: &str,
 ) -> Result<Component, LoadError> {
@@ -22,16 +37,91 @@ pub(crate) fn compile_cached(
         // (written below under the content hash of the source); wasmtime checks that
         // the artifact matches this engine's version and configuration.
         match unsafe { Component::deserialize_file(engine, path) } {
-            Ok(c) => return Ok(c),
+            Ok(c) => {
+                mark_used(path);
+                return Ok(c);
+            }
             Err(e) => tracing::warn!(error = %e, "ignoring unusable cached component"),
         }
     }
     let component =
         Component::new(engine, bytes).map_err(|e| LoadError::Invalid(format!("{e:#}")))?;
-    if let Some(Err(e)) = cached.as_ref().map(|path| write_cache(path, &component)) {
-        tracing::warn!(error = %e, "could not cache compiled component");
+    if let (Some(path), Some(dir)) = (&cached, cache_dir) {
+        match write_cache(path, &component) {
+            Ok(()) => {
+                if let Some(max_bytes) = max_bytes {
+                    trim(dir, "cwasm", max_bytes, path);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "could not cache compiled component"),
+        }
     }
     Ok(component)
+}
+
+/// Marks the cache entry `path` as just used (its modification time), so [`trim`] removes
+/// it last. Best effort: an entry it cannot touch is only the likelier to go.
+pub fn mark_used(path: &Path) {
+    let touched = std::fs::File::options()
+        .append(true)
+        .open(path)
+        .and_then(|f| f.set_modified(SystemTime::now()));
+    if let Err(e) = touched {
+        tracing::debug!(error = %e, entry = %path.display(), "cannot mark a cache entry used");
+    }
+}
+
+/// Removes files named `*.{extension}` from `dir`, least recently used (modified) first,
+/// until those left hold at most `max_bytes`; `keep` (the entry just written) stays
+/// whatever its size. Returns how many bytes it removed.
+///
+/// Best effort and safe beside other processes using the cache: an entry removed while
+/// another process opens it is a miss there (built or compiled again), and one it is
+/// reading stays readable until closed. Other files (temporary ones, MACs) are left alone.
+pub fn trim(dir: &Path, extension: &str, max_bytes: u64, keep: &Path) -> u64 {
+    let Ok(read) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut entries: Vec<(SystemTime, u64, PathBuf)> = read
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let path = entry.path();
+            if path.extension()? != extension || path == keep {
+                return None;
+            }
+            let meta = entry.metadata().ok()?;
+            meta.is_file().then(|| {
+                (
+                    meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                    meta.len(),
+                    path,
+                )
+            })
+        })
+        .collect();
+    let kept = std::fs::metadata(keep).map_or(0, |m| m.len());
+    let mut total = kept + entries.iter().map(|&(_, len, _)| len).sum::<u64>();
+    if total <= max_bytes {
+        return 0;
+    }
+    entries.sort_unstable_by_key(|&(modified, _, _)| modified);
+    let mut removed = 0;
+    for (_, len, path) in entries {
+        if total <= max_bytes {
+            break;
+        }
+        match std::fs::remove_file(&path) {
+            Ok(()) => removed += len,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::debug!(error = %e, entry = %path.display(), "cannot trim a cache entry");
+                continue;
+            }
+        }
+        // Gone either way: removed here, or by another process trimming the same cache.
+        total -= len;
+    }
+    removed
 }
 
 /// Writes the artifact under a temporary name and renames it into place, so a reader never
@@ -52,4 +142,73 @@ fn temp_path_in(dir: &Path) -> PathBuf {
         .unwrap_or_default()
         .as_nanos();
     dir.join(format!(".tmp-{}-{nanos}", std::process::id()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// An entry of `len` bytes last used `age_s` seconds ago.
+    fn entry(dir: &Path, name: &str, len: usize, age_s: u64) -> PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, vec![0u8; len]).unwrap();
+        let f = std::fs::File::options().append(true).open(&path).unwrap();
+        f.set_modified(SystemTime::now() - Duration::from_secs(age_s))
+            .unwrap();
+        path
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn trimming_removes_the_least_recently_used_entries_until_the_rest_fit() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        entry(d, "oldest.cwasm", 400, 400);
+        let used = entry(d, "used-long-ago.cwasm", 400, 300);
+        entry(d, "old.cwasm", 400, 200);
+        entry(d, "recent.cwasm", 400, 100);
+        // Not entries of this cache: a temporary file and a MAC, however old.
+        entry(d, ".tmp-1-2", 5000, 500);
+        entry(d, "a.cwasm.mac", 5000, 500);
+        // A hit makes an old entry the newest.
+        mark_used(&used);
+        let fresh = entry(d, "fresh.cwasm", 400, 0);
+        // Five entries of 400 bytes in 1,200: the two least recently used go.
+        assert_eq!(trim(d, "cwasm", 1200, &fresh), 800);
+        assert_eq!(
+            names(d),
+            [
+                ".tmp-1-2",
+                "a.cwasm.mac",
+                "fresh.cwasm",
+                "recent.cwasm",
+                "used-long-ago.cwasm"
+            ]
+        );
+        // Within the bound nothing goes.
+        assert_eq!(trim(d, "cwasm", 1200, &fresh), 0);
+        assert_eq!(names(d).len(), 5);
+    }
+
+    #[test]
+    fn the_entry_just_written_stays_even_when_it_alone_is_over_the_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        entry(d, "older.wasm", 100, 100);
+        let fresh = entry(d, "fresh.wasm", 1000, 0);
+        assert_eq!(trim(d, "wasm", 500, &fresh), 100);
+        assert_eq!(names(d), ["fresh.wasm"]);
+        // A missing directory is an empty cache.
+        assert_eq!(trim(&d.join("missing"), "wasm", 0, &fresh), 0);
+    }
 }

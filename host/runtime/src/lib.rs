@@ -20,7 +20,7 @@
 //! holds whatever the guest does.
 
 mod bindings;
-mod cache;
+pub mod cache;
 mod driver;
 mod error;
 mod host;

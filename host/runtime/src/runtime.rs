@@ -18,6 +18,10 @@ use crate::{WORLD, cache};
 pub struct RuntimeConfig {
     /// Where compiled components are cached by content hash; `None` disables the disk cache.
     pub cache_dir: Option<PathBuf>,
+    /// How many bytes of compiled components the cache keeps: past it, writing one removes
+    /// the least recently used ([`cache::trim`]). `None`: never trimmed here, for a cache
+    /// something else manages (the server's own, reclaimed as processors are deleted).
+    pub cache_max_bytes: Option<u64>,
     /// Sandbox limits applied to every call.
     pub limits: Limits,
     /// Call processors key by key even when they export `batch-processor` (for comparing
@@ -106,8 +110,13 @@ impl Runtime {
     pub fn load_with_limits(&self, bytes: &[u8], limits: Limits) -> Result<Processor, LoadError> {
         sandbox::check_component_header(bytes).map_err(LoadError::Invalid)?;
         let hash = blake3::hash(bytes).to_hex().to_string();
-        let component =
-            cache::compile_cached(&self.engine, self.config.cache_dir.as_deref(), bytes, &hash)?;
+        let component = cache::compile_cached(
+            &self.engine,
+            self.config.cache_dir.as_deref(),
+            self.config.cache_max_bytes,
+            bytes,
+            &hash,
+        )?;
         let instance_pre = self.linker.instantiate_pre(&component).map_err(|e| {
             LoadError::Invalid(format!(
                 "it imports something the Statebox host does not provide \

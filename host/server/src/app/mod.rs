@@ -90,6 +90,12 @@ impl App {
         let artefacts = artefacts::ArtefactGuard::open(&cache_dir, config.cache_dir.is_none())?;
         let runtime = Runtime::new(RuntimeConfig {
             cache_dir: Some(cache_dir),
+            // The server's own cache loses a processor's artefact when the processor is
+            // deleted; a cache the operator named is bounded like the CLI's.
+            cache_max_bytes: config
+                .cache_dir
+                .is_some()
+                .then_some(statebox_runtime::cache::COMPILED_MAX_BYTES),
             limits: config.default_quotas.limits(),
             per_key_calls: false,
         })?;
