@@ -75,9 +75,10 @@ pub fn mark_used(path: &Path) {
 /// until those left hold at most `max_bytes`; `keep` (the entry just written) stays
 /// whatever its size. Returns how many bytes it removed.
 ///
-/// Best effort and safe beside other processes using the cache: an entry removed while
-/// another process opens it is a miss there (built or compiled again), and one it is
-/// reading stays readable until closed. Other files (temporary ones, MACs) are left alone.
+/// Best effort, beside other processes using the cache: an entry goes only once newer ones
+/// fill the bound, so one just used (marked) stays; a compiled artefact removed as another
+/// process opens it is a miss there (compiled again), and a file being read stays readable
+/// until closed. Other files (temporary ones, MACs) are left alone.
 pub fn trim(dir: &Path, extension: &str, max_bytes: u64, keep: &Path) -> u64 {
     let Ok(read) = std::fs::read_dir(dir) else {
         return 0;
