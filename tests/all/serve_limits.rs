@@ -916,6 +916,15 @@ impl Drop for MemoryCgroup {
 fn two_gib_of_backlog_is_worked_through_under_a_one_gib_memory_limit() {
     const GIB: u64 = 1 << 30;
     let scratch = Scratch::new();
+    // The backlog is stored on disk before it is worked through: without room for it the
+    // test would fail partway with "No space left on device", which names no cause.
+    let free = free_bytes(scratch.path());
+    assert!(
+        free >= 5 * GIB / 2,
+        "this test stores 2 GiB of backlog and needs about 2.5 GiB free in {}; {} MiB are free",
+        scratch.path().display(),
+        free >> 20
+    );
     let cgroup = MemoryCgroup::new(GIB);
     let server = Server::start(&data_dir(&scratch), &[]);
     let pid = server.child.as_ref().unwrap().id();
@@ -1003,4 +1012,19 @@ fn the_data_directory_is_accessible_by_its_owner_only() {
     assert_eq!(mode, 0o700, "the data directory's mode is {mode:o}");
     assert!(data.join("registry.json").is_file());
     assert!(data.join("pipelines").read_dir().unwrap().count() == 1);
+}
+
+/// Bytes free for an unprivileged user on the file system holding `path` (`df`).
+fn free_bytes(path: &std::path::Path) -> u64 {
+    let out = std::process::Command::new("df")
+        .args(["-B1", "--output=avail"])
+        .arg(path)
+        .output()
+        .expect("run df");
+    assert!(out.status.success(), "df {}: {out:?}", path.display());
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .nth(1)
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("df {}: unexpected output {text:?}", path.display()))
 }
