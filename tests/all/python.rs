@@ -27,14 +27,21 @@ fn build_python(file: &Path, out: &Path) -> Output {
 
 /// [`build_python`] and how long the build itself took (not waiting for other builds).
 fn timed_build_python(file: &Path, out: &Path) -> (Output, Duration) {
+    build_python_with(file, out, &component_cache(), &[])
+}
+
+/// `statebox build-python FILE [EXTRA…] -o OUT` with the cache in `cache`, serialised with
+/// other builds; and how long the build itself took.
+fn build_python_with(file: &Path, out: &Path, cache: &Path, extra: &[&str]) -> (Output, Duration) {
     let _one = BUILDS.lock().unwrap_or_else(|e| e.into_inner());
     let started = Instant::now();
     let output = Command::new(statebox_bin())
         .arg("build-python")
         .arg(file)
+        .args(extra)
         .arg("-o")
         .arg(out)
-        .env("STATEBOX_CACHE_DIR", component_cache())
+        .env("STATEBOX_CACHE_DIR", cache)
         .stdin(Stdio::null())
         .output()
         .expect("spawn statebox");
@@ -284,19 +291,7 @@ fn a_python_component_starts_in_milliseconds() {
     let out = build_python(&source, &wasm);
     assert!(out.status.success(), "{}", text(&out));
     let stubbed = dir.path().join("counter-py-stub-wasi.wasm");
-    let out = {
-        let _one = BUILDS.lock().unwrap_or_else(|e| e.into_inner());
-        Command::new(statebox_bin())
-            .arg("build-python")
-            .arg(&source)
-            .arg("--stub-wasi")
-            .arg("-o")
-            .arg(&stubbed)
-            .env("STATEBOX_CACHE_DIR", component_cache())
-            .stdin(Stdio::null())
-            .output()
-            .expect("spawn statebox")
-    };
+    let (out, _) = build_python_with(&source, &stubbed, &component_cache(), &["--stub-wasi"]);
     assert!(out.status.success(), "{}", text(&out));
     for (what, wasm) in [
         ("python counter", wasm.as_path()),
@@ -519,18 +514,7 @@ fn a_build_into_a_full_cache_removes_the_least_recently_used_builds() {
         .unwrap();
     drop(file);
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/counter-py/processor.py");
-    let out = {
-        let _one = BUILDS.lock().unwrap_or_else(|e| e.into_inner());
-        Command::new(statebox_bin())
-            .arg("build-python")
-            .arg(&source)
-            .arg("-o")
-            .arg(scratch.path().join("counter.wasm"))
-            .env("STATEBOX_CACHE_DIR", &cache)
-            .stdin(Stdio::null())
-            .output()
-            .expect("spawn statebox")
-    };
+    let (out, _) = build_python_with(&source, &scratch.path().join("counter.wasm"), &cache, &[]);
     assert!(out.status.success(), "{}", text(&out));
     let left: Vec<String> = std::fs::read_dir(&builds)
         .unwrap()
