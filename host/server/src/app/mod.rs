@@ -83,19 +83,17 @@ impl App {
         restrict_to_owner(dir)?;
         let lock = lock_data_dir(dir)?;
         let registry = Registry::open(&dir.join("registry.json"))?;
+        let own_cache = config.cache_dir.is_none();
         let cache_dir = config
             .cache_dir
             .clone()
             .unwrap_or_else(|| dir.join("compiled"));
-        let artefacts = artefacts::ArtefactGuard::open(&cache_dir, config.cache_dir.is_none())?;
+        let artefacts = artefacts::ArtefactGuard::open(&cache_dir, own_cache)?;
         let runtime = Runtime::new(RuntimeConfig {
             cache_dir: Some(cache_dir),
             // The server's own cache loses a processor's artefact when the processor is
             // deleted; a cache the operator named is bounded like the CLI's.
-            cache_max_bytes: config
-                .cache_dir
-                .is_some()
-                .then_some(statebox_runtime::cache::COMPILED_MAX_BYTES),
+            cache_max_bytes: (!own_cache).then_some(statebox_runtime::cache::COMPILED_MAX_BYTES),
             limits: config.default_quotas.limits(),
             per_key_calls: false,
         })?;
