@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use statebox_runtime::{LoadError, Runtime};
-use statebox_tests::{Rng, Scratch, StateboxRun, guests, runtime};
+use statebox_tests::{Rng, Scratch, StateboxRun, guests, runtime, set_last_used};
 
 fn load_error(rt: &Runtime, bytes: &[u8]) -> String {
     match rt.load(bytes) {
@@ -155,7 +155,7 @@ fn the_cli_names_the_file_and_the_problem() {
 fn the_compiled_component_cache_removes_what_was_used_least_recently() {
     use statebox_runtime::RuntimeConfig;
     use statebox_runtime::cache::COMPILED_MAX_BYTES;
-    use std::time::{Duration, SystemTime};
+    use std::time::Duration;
 
     let scratch = Scratch::new();
     let cache = scratch.path().join("compiled");
@@ -174,20 +174,12 @@ fn the_compiled_component_cache_removes_what_was_used_least_recently() {
         all.sort();
         all
     };
-    let set_age = |path: &Path, age: Duration| {
-        std::fs::File::options()
-            .append(true)
-            .open(path)
-            .unwrap()
-            .set_modified(SystemTime::now() - age)
-            .unwrap();
-    };
     let day = Duration::from_secs(86_400);
 
     // The counter's artefact, last used two days ago.
     rt.load_file(Path::new(guests::COUNTER)).unwrap();
     let [counter] = artefacts().try_into().unwrap();
-    set_age(&counter, 2 * day);
+    set_last_used(&counter, 2 * day);
     // Another artefact, the cache's whole bound on its own (sparse: no disk), last used a
     // day ago.
     let stale = cache.join("stale.cwasm");
@@ -195,7 +187,7 @@ fn the_compiled_component_cache_removes_what_was_used_least_recently() {
         .unwrap()
         .set_len(COMPILED_MAX_BYTES)
         .unwrap();
-    set_age(&stale, day);
+    set_last_used(&stale, day);
     // Loaded from the cache: the counter's artefact is now the most recently used.
     rt.load_file(Path::new(guests::COUNTER)).unwrap();
     // Compiling another component fills the cache past its bound: the stale artefact goes,

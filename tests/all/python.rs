@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use statebox_runtime::Limits;
-use statebox_tests::{EngineQuery, component_cache, guests, statebox_bin};
+use statebox_tests::{EngineQuery, component_cache, guests, set_last_used, statebox_bin};
 
 /// Python builds take seconds of CPU each; one at a time leaves the machine to the others.
 static BUILDS: Mutex<()> = Mutex::new(());
@@ -508,11 +508,11 @@ fn a_build_into_a_full_cache_removes_the_least_recently_used_builds() {
     std::fs::create_dir_all(&builds).unwrap();
     // An old build, 2 GiB on its own (sparse: no disk), the cache's whole bound.
     let stale = builds.join("old-0123.wasm");
-    let file = std::fs::File::create(&stale).unwrap();
-    file.set_len(2 << 30).unwrap();
-    file.set_modified(std::time::SystemTime::now() - Duration::from_secs(86_400))
+    std::fs::File::create(&stale)
+        .unwrap()
+        .set_len(2 << 30)
         .unwrap();
-    drop(file);
+    set_last_used(&stale, Duration::from_secs(86_400));
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/counter-py/processor.py");
     let (out, _) = build_python_with(&source, &scratch.path().join("counter.wasm"), &cache, &[]);
     assert!(out.status.success(), "{}", text(&out));

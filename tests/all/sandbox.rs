@@ -242,10 +242,8 @@ fn randomness_per_key_is_the_same_batched_or_key_by_key() {
         .collect();
     let draws = |per_key_calls: bool| {
         let runtime = statebox_runtime::Runtime::new(statebox_runtime::RuntimeConfig {
-            cache_dir: Some(statebox_tests::component_cache()),
-            cache_max_bytes: Some(statebox_runtime::cache::COMPILED_MAX_BYTES),
-            limits: Limits::default(),
             per_key_calls,
+            ..statebox_tests::runtime_config(Limits::default())
         })
         .expect("create a runtime");
         let mut q = EngineQuery::open_on(Arc::new(runtime), guests::MISBEHAVE, "k", 1);

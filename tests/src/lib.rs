@@ -251,15 +251,29 @@ impl StateboxRun {
     }
 }
 
+/// Sets the modification time of `path` to `ago` before now: when the caches (compiled
+/// components, Python builds) last saw the entry used.
+pub fn set_last_used(path: &Path, ago: std::time::Duration) {
+    std::fs::File::options()
+        .append(true)
+        .open(path)
+        .and_then(|f| f.set_modified(std::time::SystemTime::now() - ago))
+        .unwrap_or_else(|e| panic!("set the modification time of {}: {e}", path.display()));
+}
+
 /// A runtime with the shared component cache.
 pub fn runtime(limits: Limits) -> Runtime {
-    Runtime::new(RuntimeConfig {
+    Runtime::new(runtime_config(limits)).expect("create a runtime")
+}
+
+/// The configuration of [`runtime`]: the shared component cache, bounded as the CLI's is.
+pub fn runtime_config(limits: Limits) -> RuntimeConfig {
+    RuntimeConfig {
         cache_dir: Some(component_cache()),
         cache_max_bytes: Some(statebox_runtime::cache::COMPILED_MAX_BYTES),
         limits,
         per_key_calls: false,
-    })
-    .expect("create a runtime")
+    }
 }
 
 /// A query run in-process through the engine, over a [`Scratch`] directory, with one
