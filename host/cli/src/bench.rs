@@ -248,6 +248,8 @@ fn timed(workload: &str, plugin: &str, column: &str, args: TimeArgs) -> anyhow::
         reports.push(r);
         at += args.step_ms;
     }
+    // A snapshot the last batch started is part of the run's work.
+    query.wait_for_snapshot();
     let seconds = started.elapsed().as_secs_f64();
     let sum = |f: fn(&BatchReport) -> u64| reports.iter().map(f).sum::<u64>();
     let events = sum(|r| r.commit.input_rows);
@@ -419,6 +421,7 @@ fn run_count(
     let started = Instant::now();
     let mut query = Query::open(opts, factory)?;
     let reports = query.run_available(|_| {})?;
+    query.wait_for_snapshot();
     let seconds = started.elapsed().as_secs_f64();
     let peak_rss_bytes = peak_rss_bytes()?;
     let input_rows: u64 = reports.iter().map(|r| r.commit.input_rows).sum();
@@ -751,6 +754,7 @@ fn kafka(args: KafkaArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let mut query = Query::open(options("files"), processor.clone())?;
     let reports = query.run_available(|_| {})?;
+    query.wait_for_snapshot();
     let file_seconds = started.elapsed().as_secs_f64();
     let input_rows: u64 = reports.iter().map(|r| r.commit.input_rows).sum();
     anyhow::ensure!(input_rows == args.events, "files: read {input_rows} events");
@@ -807,6 +811,7 @@ fn kafka(args: KafkaArgs) -> anyhow::Result<()> {
         endpoints(true, args.max_records_per_batch)?,
     )?;
     let reports = query.run_available(|_| {})?;
+    query.wait_for_snapshot();
     let kafka_seconds = started.elapsed().as_secs_f64();
     let kafka_rows: u64 = reports.iter().map(|r| r.commit.input_rows).sum();
     anyhow::ensure!(kafka_rows == args.events, "kafka: read {kafka_rows} events");

@@ -274,10 +274,12 @@ fn run_task(worker: &Worker, partition: i32, stop: &AtomicBool) -> anyhow::Resul
             .map_or("none".to_owned(), |h| h.batch_id.to_string())
     );
     let interval = worker.opts.snapshot_interval;
-    let committed = |report: &BatchReport| -> anyhow::Result<()> {
+    let committed = |query: &Query, report: &BatchReport| -> anyhow::Result<()> {
         (worker.report)(&name, report);
         let batch = report.commit.batch_id;
         if interval > 0 && (batch + 1).is_multiple_of(interval) {
+            // Before the next batch's plan is written: the snapshot is exactly the batch's.
+            query.wait_for_snapshot();
             upload(&task, generation, &dir, batch)
                 .with_context(|| format!("cannot upload task {name}'s snapshot"))?;
         }
@@ -293,14 +295,14 @@ fn run_task(worker: &Worker, partition: i32, stop: &AtomicBool) -> anyhow::Resul
             let Some(report) = query.run_next(None)? else {
                 break;
             };
-            committed(&report)?;
+            committed(&query, &report)?;
             ran = true;
         }
         if !ran
             && !stop.load(Ordering::SeqCst)
             && let Some(report) = query.run_tick(None)?
         {
-            committed(&report)?;
+            committed(&query, &report)?;
         }
         let mut left = worker.every.saturating_sub(tick.elapsed());
         while !left.is_zero() && !stop.load(Ordering::SeqCst) {

@@ -168,6 +168,12 @@ impl Query {
         self.run_batch(&plan)
     }
 
+    /// Waits until the state snapshot of the last commit, if one is being taken, is in the
+    /// checkpoint's snapshots directory (e.g. to upload it).
+    pub fn wait_for_snapshot(&self) {
+        self.checkpoint.wait_for_snapshot();
+    }
+
     fn next_batch_id(&self) -> u64 {
         self.head.as_ref().map_or(0, |h| h.batch_id + 1)
     }
@@ -284,10 +290,14 @@ impl Query {
         }
     }
 
-    /// Takes the periodic state snapshot after committing `batch` (every
+    /// Starts the periodic state snapshot after committing `batch` (every
     /// [`QueryOptions::snapshot_interval`] batches) and removes snapshots of batches no
-    /// longer retained. The batch is committed already: a failure is logged, not returned
-    /// (reads of earlier batches then undo from the next snapshot or the latest state).
+    /// longer retained. The snapshot is taken on a thread of its own while the next batch
+    /// reads and processes its input; that batch's commit waits for it (see
+    /// [`Checkpoint::snapshot_in_background`]), and so does
+    /// [`wait_for_snapshot`](Self::wait_for_snapshot). The batch is committed already: a
+    /// failure is logged, not returned (reads of earlier batches then undo from the next
+    /// snapshot or the latest state).
     fn snapshot(&self, batch: u64) {
         let interval = self.opts.snapshot_interval;
         if interval == 0 {
@@ -296,10 +306,12 @@ impl Query {
         let dir = reader::snapshots_dir(&self.opts.checkpoint);
         if (batch + 1).is_multiple_of(interval) {
             let at = dir.join(reader::snapshot_name(batch));
-            match self.checkpoint.snapshot(&at) {
-                Ok(_) => tracing::debug!(batch, dir = %at.display(), "state snapshot taken"),
-                Err(e) => tracing::warn!(batch, "cannot take a state snapshot: {e}"),
-            }
+            let shown = at.display().to_string();
+            self.checkpoint
+                .snapshot_in_background(at, move |taken| match taken {
+                    Ok(_) => tracing::debug!(batch, dir = %shown, "state snapshot taken"),
+                    Err(e) => tracing::warn!(batch, "cannot take a state snapshot: {e}"),
+                });
         }
         // Batches before the first retained one cannot be read; their snapshots go.
         let first_retained = (batch + 1).saturating_sub(self.opts.min_batches_to_retain);
