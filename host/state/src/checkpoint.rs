@@ -223,6 +223,40 @@ impl Checkpoint {
         }
     }
 
+    /// Removes from `dir` what snapshots interrupted by a crash left there (their temporary
+    /// directories; a complete snapshot has been renamed into place), and says how many it
+    /// removed. Their hard links would otherwise keep the state's old files on disk for good.
+    /// Only for the checkpoint's writer, before it takes a snapshot into `dir`.
+    pub fn remove_partial_snapshots(dir: &Path) -> Result<usize> {
+        let entries = match std::fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => {
+                return Err(StoreError::Storage(format!(
+                    "reading {}: {e}",
+                    dir.display()
+                )));
+            }
+        };
+        let mut removed = 0;
+        for entry in entries {
+            let entry = entry
+                .map_err(|e| StoreError::Storage(format!("reading {}: {e}", dir.display())))?;
+            if entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(PARTIAL_SNAPSHOT)
+            {
+                let path = entry.path();
+                std::fs::remove_dir_all(&path).map_err(|e| {
+                    StoreError::Storage(format!("removing {}: {e}", path.display()))
+                })?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
     /// Waits until the snapshot [`snapshot_in_background`](Self::snapshot_in_background)
     /// is taking, if any, is written (and its `done` called).
     pub fn wait_for_snapshot(&self) {
@@ -771,6 +805,9 @@ fn op_key(op: &WriteOp) -> &[u8] {
     }
 }
 
+/// The name prefix of a snapshot being written: it is renamed into place when complete.
+const PARTIAL_SNAPSHOT: &str = ".tmp-";
+
 /// See [`Checkpoint::snapshot`].
 fn snapshot(engine: &dyn KvEngine, dir: &Path) -> Result<bool> {
     let io = |what: &str, path: &Path, e: std::io::Error| {
@@ -781,7 +818,7 @@ fn snapshot(engine: &dyn KvEngine, dir: &Path) -> Result<bool> {
         .ok_or_else(|| StoreError::Storage(format!("bad snapshot path {}", dir.display())))?;
     let parent = dir.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).map_err(|e| io("creating", parent, e))?;
-    let tmp = parent.join(format!(".tmp-{}", name.to_string_lossy()));
+    let tmp = parent.join(format!("{PARTIAL_SNAPSHOT}{}", name.to_string_lossy()));
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(|e| io("removing", &tmp, e))?;
     }

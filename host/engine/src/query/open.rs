@@ -69,6 +69,16 @@ impl Query {
         };
         let checkpoint =
             Checkpoint::open_with_memory(&opts.checkpoint, &cache, opts.shared_memtables.as_ref())?;
+        // This process writes the checkpoint now (its database is locked): no snapshot is
+        // being taken, and any partial one is from a run that died taking it.
+        let snapshots = crate::reader::snapshots_dir(&opts.checkpoint);
+        match Checkpoint::remove_partial_snapshots(&snapshots) {
+            Ok(0) => {}
+            Ok(removed) => {
+                tracing::info!(removed, dir = %snapshots.display(), "removed partial snapshots")
+            }
+            Err(e) => tracing::warn!("cannot remove partial snapshots: {e}"),
+        }
         let config = match checkpoint.get_meta(meta::QUERY)? {
             Some(bytes) => {
                 let stored: QueryConfig = serde_json::from_slice(&bytes)
