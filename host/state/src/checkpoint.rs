@@ -151,12 +151,8 @@ impl Checkpoint {
     /// The database directory of the checkpoint in `dir`, created if missing.
     fn db_dir(dir: &Path) -> Result<std::path::PathBuf> {
         let db_dir = dir.join(DB_DIR);
-        std::fs::create_dir_all(&db_dir).map_err(|e| {
-            StoreError::Storage(format!(
-                "creating checkpoint directory {}: {e}",
-                db_dir.display()
-            ))
-        })?;
+        std::fs::create_dir_all(&db_dir)
+            .map_err(|e| io_error("creating checkpoint directory", &db_dir, e))?;
         Ok(db_dir)
     }
 
@@ -231,26 +227,18 @@ impl Checkpoint {
         let entries = match std::fs::read_dir(dir) {
             Ok(entries) => entries,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-            Err(e) => {
-                return Err(StoreError::Storage(format!(
-                    "reading {}: {e}",
-                    dir.display()
-                )));
-            }
+            Err(e) => return Err(io_error("reading", dir, e)),
         };
         let mut removed = 0;
         for entry in entries {
-            let entry = entry
-                .map_err(|e| StoreError::Storage(format!("reading {}: {e}", dir.display())))?;
+            let entry = entry.map_err(|e| io_error("reading", dir, e))?;
             if entry
                 .file_name()
                 .to_string_lossy()
                 .starts_with(PARTIAL_SNAPSHOT)
             {
                 let path = entry.path();
-                std::fs::remove_dir_all(&path).map_err(|e| {
-                    StoreError::Storage(format!("removing {}: {e}", path.display()))
-                })?;
+                std::fs::remove_dir_all(&path).map_err(|e| io_error("removing", &path, e))?;
                 removed += 1;
             }
         }
@@ -810,25 +798,27 @@ const PARTIAL_SNAPSHOT: &str = ".tmp-";
 
 /// See [`Checkpoint::snapshot`].
 fn snapshot(engine: &dyn KvEngine, dir: &Path) -> Result<bool> {
-    let io = |what: &str, path: &Path, e: std::io::Error| {
-        StoreError::Storage(format!("{what} {}: {e}", path.display()))
-    };
     let name = dir
         .file_name()
         .ok_or_else(|| StoreError::Storage(format!("bad snapshot path {}", dir.display())))?;
     let parent = dir.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent).map_err(|e| io("creating", parent, e))?;
+    std::fs::create_dir_all(parent).map_err(|e| io_error("creating", parent, e))?;
     let tmp = parent.join(format!("{PARTIAL_SNAPSHOT}{}", name.to_string_lossy()));
     if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(|e| io("removing", &tmp, e))?;
+        std::fs::remove_dir_all(&tmp).map_err(|e| io_error("removing", &tmp, e))?;
     }
-    std::fs::create_dir_all(&tmp).map_err(|e| io("creating", &tmp, e))?;
+    std::fs::create_dir_all(&tmp).map_err(|e| io_error("creating", &tmp, e))?;
     if !engine.snapshot_to(&tmp.join(DB_DIR))? {
-        std::fs::remove_dir_all(&tmp).map_err(|e| io("removing", &tmp, e))?;
+        std::fs::remove_dir_all(&tmp).map_err(|e| io_error("removing", &tmp, e))?;
         return Ok(false);
     }
-    std::fs::rename(&tmp, dir).map_err(|e| io("renaming snapshot to", dir, e))?;
+    std::fs::rename(&tmp, dir).map_err(|e| io_error("renaming snapshot to", dir, e))?;
     Ok(true)
+}
+
+/// A file system error, naming what was being done to which path.
+fn io_error(what: &str, path: &Path, e: std::io::Error) -> StoreError {
+    StoreError::Storage(format!("{what} {}: {e}", path.display()))
 }
 
 fn take_slot<T>(slot: &Mutex<Option<T>>) -> Option<T> {
@@ -847,13 +837,9 @@ fn join_snapshot(thread: Option<JoinHandle<()>>) {
 impl Drop for Checkpoint {
     /// A snapshot being taken is finished first: it holds the database open.
     fn drop(&mut self) {
-        let pending = self
-            .snapshotting
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(thread) = pending {
-            // Not raised again while unwinding: that would abort.
+        if let Some(thread) = self.pending_snapshot().take() {
+            // A panic on its thread is not raised from a drop: while unwinding, that would
+            // abort.
             let _ = thread.join();
         }
     }
