@@ -14,6 +14,7 @@ use std::ops::Range;
 
 use rustc_hash::FxHashMap;
 use statebox_schema::{RawValue, RowScanner};
+use statebox_state::keys;
 
 use crate::EngineError;
 use crate::source::FileRange;
@@ -378,15 +379,9 @@ fn push_canonical(out: &mut String, raw: &str) {
     }
 }
 
-/// The state partition of a key: FNV-1a, stable across runs and machines (a checkpoint's
-/// partitioning must never change).
+/// The state partition of a key ([`keys::grouping_key_hash`]).
 pub(crate) fn partition_of(key: &[u8], partitions: usize) -> usize {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in key {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    (h % partitions as u64) as usize
+    (keys::grouping_key_hash(key) % partitions as u64) as usize
 }
 
 #[cfg(test)]

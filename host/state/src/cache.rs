@@ -22,11 +22,16 @@
 //!   [`SHARDS`] shards holds at most its share of the budget and evicts in sweeps that give
 //!   every entry read since the last sweep a second chance (CLOCK, one turn per sweep). An
 //!   entry only written has had no read: it goes first.
-//! - **Shards by grouping key**: a key's shard is chosen by its `[var][keylen][key]` part, so
-//!   every cached entry of one collection (a map's entries) is in one shard and clearing a
-//!   large collection (a range delete) looks at that shard only; other range deletes
-//!   (dropping a variable) look at every shard. Each shard is a hash map: lookups compare
-//!   one key, not a path of keys with long shared prefixes.
+//! - **Shards by grouping key**: a key's shard is chosen by its grouping key alone, with the
+//!   hash that chooses its partition ([`keys::grouping_key_hash`]). Every cached entry of
+//!   one grouping key (its values, list lengths, map entries and timers) is in one shard, so
+//!   clearing a large collection (a range delete) looks at that shard only; other range
+//!   deletes (dropping a variable) look at every shard. And with a partition count that
+//!   divides [`SHARDS`] (the default 4 does), each shard holds one partition's keys: the
+//!   workers, each calling one partition at a time, do not take each other's shard locks
+//!   (the `native` counter's calls took ~10% longer when a key's variables were in
+//!   different shards). Each shard is a hash map: lookups compare one key, not a path of keys
+//!   with long shared prefixes.
 //! - **No stale fills**: a read that missed fills the cache only if no write touched the
 //!   shard meanwhile (a per-shard version), so a value read before a commit can never
 //!   overwrite the one the commit wrote.
@@ -174,9 +179,9 @@ impl Entry {
         Self::charge(self.key(), self.value())
     }
 }
-/// The length of `key`'s `[ns][var][keylen][key]` prefix (a timer's: `[ns][keylen][key]`),
-/// if it has one.
-fn grouping_prefix_len(key: &[u8]) -> Option<usize> {
+/// Where `key`'s grouping key is, in its `[ns][var][keylen][key]` prefix (a timer's:
+/// `[ns][keylen][key]`), if it has one.
+fn grouping_key_at(key: &[u8]) -> Option<std::ops::Range<usize>> {
     let at = if key.first() == Some(&keys::TIMER_BY_KEY) {
         1
     } else {
@@ -185,7 +190,7 @@ fn grouping_prefix_len(key: &[u8]) -> Option<usize> {
     let len = key.get(at..at + 4)?;
     let len = u32::from_be_bytes(len.try_into().ok()?) as usize;
     let end = (at + 4).checked_add(len)?;
-    (end <= key.len()).then_some(end)
+    (end <= key.len()).then_some(at + 4..end)
 }
 
 #[derive(Default)]
@@ -400,7 +405,6 @@ pub struct CachedEngine<E> {
     /// Checked under the shard's lock, which orders it with the updates.
     writing: AtomicUsize,
     budget: Budget,
-    hasher: DefaultHashBuilder,
 }
 
 impl<E: KvEngine> CachedEngine<E> {
@@ -422,7 +426,6 @@ impl<E: KvEngine> CachedEngine<E> {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             writing: AtomicUsize::new(0),
             budget,
-            hasher: DefaultHashBuilder::default(),
         }
     }
 
@@ -439,11 +442,11 @@ impl<E: KvEngine> CachedEngine<E> {
         (0..SHARDS).map(|i| self.shard(i).bytes).sum()
     }
 
-    /// The shard of a cached key: chosen by its `[var][keylen][key]`, so one collection's
-    /// entries share a shard.
+    /// The shard of a cached key: chosen by its grouping key, so one grouping key's entries
+    /// share a shard, and a shard holds one partition's keys (see the [module docs](self)).
     fn shard_of(&self, key: &[u8]) -> usize {
-        let part = grouping_prefix_len(key).map_or(key, |end| &key[1..end]);
-        (self.hasher.hash_one(part) as usize) % SHARDS
+        let grouping = grouping_key_at(key).map_or(key, |at| &key[at]);
+        (keys::grouping_key_hash(grouping) % SHARDS as u64) as usize
     }
 
     fn shard(&self, i: usize) -> MutexGuard<'_, Shard> {
@@ -519,7 +522,7 @@ impl<E: KvEngine> CachedEngine<E> {
                 }
                 WriteOp::DeleteRange(start, end) if range_may_hold_cached(start, end) => {
                     let one_collection = cached(start)
-                        && grouping_prefix_len(start) == Some(start.len())
+                        && grouping_key_at(start).is_some_and(|at| at.end == start.len())
                         && *end == keys::prefix_successor(start);
                     if one_collection {
                         // Every key of the range starts with `start`, and all are in its shard.
@@ -776,6 +779,39 @@ mod tests {
         put(&e, &k, b"v2");
         assert_eq!(e.get(&k).unwrap().as_deref(), Some(&b"v2"[..]));
         assert_eq!(e.cached_bytes(), k.len() + 2 + ENTRY_OVERHEAD);
+    }
+
+    #[test]
+    fn a_grouping_keys_entries_share_one_shard_of_its_partition() {
+        let e = CachedEngine::new(MemEngine::default(), 1 << 20);
+        let mut shards_of_partition = [const { Vec::new() }; 4];
+        for i in 0..1000 {
+            let key = format!("[\"k{i}\"]");
+            let key = key.as_bytes();
+            let shard = e.shard_of(&keys::value_key(1, key));
+            for other in [
+                keys::value_key(2, key),
+                keys::list_meta_key(3, key),
+                keys::map_entry_key(4, key, b"\"user\""),
+                keys::map_prefix(4, key),
+                keys::timer_by_key(key, 1_000),
+            ] {
+                assert_eq!(e.shard_of(&other), shard, "{other:?}");
+            }
+            // The engine's partition of the key, with 4 partitions.
+            let partition = (keys::grouping_key_hash(key) % 4) as usize;
+            shards_of_partition[partition].push(shard);
+        }
+        for (p, shards) in shards_of_partition.iter().enumerate() {
+            for (q, others) in shards_of_partition.iter().enumerate() {
+                if p != q {
+                    assert!(
+                        shards.iter().all(|s| !others.contains(s)),
+                        "partitions {p} and {q} share a shard"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -57,6 +57,20 @@ pub const TS_LEN: usize = 8;
 /// Length of `[namespace][partition]`.
 const PARTITION_PREFIX_LEN: usize = 3;
 
+/// The hash of a grouping key (its canonical JSON text) that chooses its state partition:
+/// the partition is this modulo the partition count. FNV-1a: stable across runs and
+/// machines, as a checkpoint's partitioning must never change. The state cache chooses a
+/// key's shard by it too (see [`crate::cache`]).
+#[inline]
+pub fn grouping_key_hash(key: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in key {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
 /// Encodes an `i64` so that byte order equals numeric order.
 #[inline]
 pub fn encode_i64(v: i64) -> [u8; 8] {
