@@ -274,14 +274,33 @@ fn run_task(worker: &Worker, partition: i32, stop: &AtomicBool) -> anyhow::Resul
             .map_or("none".to_owned(), |h| h.batch_id.to_string())
     );
     let interval = worker.opts.snapshot_interval;
-    let committed = |query: &Query, report: &BatchReport| -> anyhow::Result<()> {
+    let staging = upload_staging_dir(&worker.opts.checkpoint, &name);
+    remove_staged(&staging).with_context(|| format!("cannot clear {}", staging.display()))?;
+    let mut uploads = Uploads::default();
+    let mut committed = |query: &Query, report: &BatchReport| -> anyhow::Result<()> {
         (worker.report)(&name, report);
+        uploads
+            .poll()
+            .with_context(|| format!("cannot upload task {name}'s snapshot"))?;
         let batch = report.commit.batch_id;
         if interval > 0 && (batch + 1).is_multiple_of(interval) {
             // Before the next batch's plan is written: the snapshot is exactly the batch's.
             query.wait_for_snapshot();
-            upload(&task, generation, &dir, batch)
+            // The upload runs beside the next batches, from hard links of the snapshot's
+            // files: the engine may remove the snapshot itself meanwhile.
+            uploads
+                .finish()
                 .with_context(|| format!("cannot upload task {name}'s snapshot"))?;
+            let Some(staged) = stage_snapshot(&dir, batch, &staging)? else {
+                return Ok(());
+            };
+            let task = task.clone();
+            uploads.start(&name, move || {
+                let uploaded = upload_dir(&task, generation, &staged, batch);
+                let removed = remove_staged(&staged)
+                    .with_context(|| format!("cannot remove {}", staged.display()));
+                uploaded.and(removed)
+            })?;
         }
         Ok(())
     };
@@ -311,7 +330,109 @@ fn run_task(worker: &Worker, partition: i32, stop: &AtomicBool) -> anyhow::Resul
             left -= step;
         }
     }
-    Ok(())
+    uploads
+        .finish()
+        .with_context(|| format!("cannot upload task {name}'s snapshot"))
+}
+
+/// The snapshot upload a task runs beside its next batches: at most one at a time. Dropping
+/// it waits for the upload (a task that fails still lets it finish, and its staged files
+/// go before the task is retried).
+#[derive(Default)]
+struct Uploads {
+    running: Option<JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Uploads {
+    /// Starts `upload` on a thread of its own. Call [`Self::finish`] first.
+    fn start(
+        &mut self,
+        task: &str,
+        upload: impl FnOnce() -> anyhow::Result<()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        debug_assert!(self.running.is_none(), "one upload at a time");
+        let thread = std::thread::Builder::new()
+            .name(format!("upload-{task}"))
+            .spawn(upload)
+            .context("cannot start a snapshot upload")?;
+        self.running = Some(thread);
+        Ok(())
+    }
+
+    /// The outcome of an upload that has finished; does not wait for one that has not.
+    fn poll(&mut self) -> anyhow::Result<()> {
+        if self.running.as_ref().is_some_and(JoinHandle::is_finished) {
+            self.finish()
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Waits for the upload in flight, if any, and returns its outcome.
+    fn finish(&mut self) -> anyhow::Result<()> {
+        match self.running.take() {
+            None => Ok(()),
+            Some(thread) => thread
+                .join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("the snapshot upload panicked"))),
+        }
+    }
+}
+
+impl Drop for Uploads {
+    fn drop(&mut self) {
+        if let Err(e) = self.finish() {
+            eprintln!("snapshot upload failed: {e:#}");
+        }
+    }
+}
+
+/// `<checkpoint>/uploads/<name>`: where a task's snapshot being uploaded is staged.
+fn upload_staging_dir(local: &Path, name: &str) -> PathBuf {
+    local.join("uploads").join(name)
+}
+
+/// Hard-links the files of the local snapshot the engine took after `batch` into
+/// `staging/<batch>`, which is returned; `None` if there is no such snapshot (the engine
+/// logs why it could not take it; the next interval tries again).
+fn stage_snapshot(dir: &Path, batch: u64, staging: &Path) -> anyhow::Result<Option<PathBuf>> {
+    let snapshot = snapshot_dir(dir, batch);
+    if !snapshot.is_dir() {
+        return Ok(None);
+    }
+    let staged = staging.join(batch.to_string());
+    let stage = || -> std::io::Result<()> {
+        remove_staged(&staged)?;
+        std::fs::create_dir_all(&staged)?;
+        for entry in std::fs::read_dir(&snapshot)? {
+            let entry = entry?;
+            std::fs::hard_link(entry.path(), staged.join(entry.file_name()))?;
+        }
+        Ok(())
+    };
+    stage().with_context(|| {
+        format!(
+            "cannot stage snapshot {} in {}",
+            snapshot.display(),
+            staged.display()
+        )
+    })?;
+    Ok(Some(staged))
+}
+
+/// Removes `dir` and what it holds, if it exists.
+fn remove_staged(dir: &Path) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// The state of the local snapshot the engine takes after `batch`.
+fn snapshot_dir(dir: &Path, batch: u64) -> PathBuf {
+    statebox_engine::reader::snapshots_dir(dir)
+        .join(statebox_engine::reader::snapshot_name(batch))
+        .join("state")
 }
 
 /// `<checkpoint>/tasks/<name>`: a task's local checkpoint on this worker.
@@ -355,15 +476,24 @@ pub(crate) fn upload(
     dir: &Path,
     batch: u64,
 ) -> anyhow::Result<()> {
-    let snapshot = statebox_engine::reader::snapshots_dir(dir)
-        .join(statebox_engine::reader::snapshot_name(batch))
-        .join("state");
+    let snapshot = snapshot_dir(dir, batch);
     if !snapshot.is_dir() {
         // The engine logs why it could not take it; the next interval tries again.
         return Ok(());
     }
+    upload_dir(task, generation, &snapshot, batch)
+}
+
+/// Uploads `snapshot`, the state after `batch`, and deletes the plans no kept snapshot
+/// needs.
+fn upload_dir(
+    task: &TaskStore,
+    generation: u64,
+    snapshot: &Path,
+    batch: u64,
+) -> anyhow::Result<()> {
     let retention = statebox_cluster::Retention::default();
-    task.upload_snapshot(generation, batch, &snapshot, &retention)?;
+    task.upload_snapshot(generation, batch, snapshot, &retention)?;
     // Plans before the oldest kept snapshot can never be replayed again.
     if let Some(&oldest) = task.snapshot_batches()?.first() {
         task.delete_plans_before(generation, oldest + 1)?;
@@ -592,4 +722,96 @@ pub(crate) fn readable_checkpoint(
         .context("cannot create a temporary directory")?;
     task.restore(&manifest, &tmp.path().join("state"))?;
     Ok((tmp.path().to_owned(), Some(tmp)))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use super::*;
+
+    #[test]
+    fn an_upload_runs_beside_the_task_and_its_outcome_comes_back_when_finished() {
+        let mut uploads = Uploads::default();
+        let (go, wait) = mpsc::channel::<()>();
+        let (done, finished) = mpsc::channel::<()>();
+        uploads
+            .start("t-0", move || {
+                wait.recv().unwrap();
+                done.send(()).unwrap();
+                anyhow::bail!("the store refused it")
+            })
+            .unwrap();
+        // Running: polling neither waits for it nor reports anything.
+        uploads.poll().unwrap();
+        assert!(uploads.running.is_some());
+        go.send(()).unwrap();
+        finished.recv().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !uploads.running.as_ref().unwrap().is_finished() {
+            assert!(Instant::now() < deadline, "the upload did not end");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let failed = uploads.poll().unwrap_err();
+        assert_eq!(failed.to_string(), "the store refused it");
+        // Reported once; nothing is left to wait for.
+        uploads.finish().unwrap();
+
+        uploads.start("t-0", || Ok(())).unwrap();
+        uploads.finish().unwrap();
+        assert!(uploads.running.is_none());
+    }
+
+    #[test]
+    fn dropping_the_uploads_waits_for_the_one_in_flight() {
+        let uploaded = Arc::new(AtomicBool::new(false));
+        let mut uploads = Uploads::default();
+        let flag = uploaded.clone();
+        uploads
+            .start("t-0", move || {
+                std::thread::sleep(Duration::from_millis(200));
+                flag.store(true, Ordering::SeqCst);
+                Ok(())
+            })
+            .unwrap();
+        drop(uploads);
+        assert!(uploaded.load(Ordering::SeqCst));
+    }
+
+    #[test]
+    fn a_staged_snapshot_outlives_the_engines_removal_of_the_snapshot() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("tasks").join("t-0");
+        let snapshot = snapshot_dir(&dir, 9);
+        std::fs::create_dir_all(&snapshot).unwrap();
+        std::fs::write(snapshot.join("000012.sst"), b"table").unwrap();
+        std::fs::write(snapshot.join("CURRENT"), b"MANIFEST-000005\n").unwrap();
+        let staging = upload_staging_dir(root.path(), "t-0");
+
+        assert!(
+            stage_snapshot(&dir, 8, &staging).unwrap().is_none(),
+            "no snapshot of 8"
+        );
+        let staged = stage_snapshot(&dir, 9, &staging).unwrap().unwrap();
+        assert_eq!(staged, staging.join("9"));
+        // The engine removes snapshots past their retention, whenever it likes.
+        std::fs::remove_dir_all(statebox_engine::reader::snapshots_dir(&dir)).unwrap();
+        let mut names: Vec<String> = std::fs::read_dir(&staged)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["000012.sst", "CURRENT"]);
+        assert_eq!(std::fs::read(staged.join("000012.sst")).unwrap(), b"table");
+
+        // Staging again (a retried task) replaces what an interrupted run left.
+        std::fs::create_dir_all(snapshot_dir(&dir, 9)).unwrap();
+        std::fs::write(snapshot_dir(&dir, 9).join("CURRENT"), b"MANIFEST-000007\n").unwrap();
+        let again = stage_snapshot(&dir, 9, &staging).unwrap().unwrap();
+        let names: Vec<_> = std::fs::read_dir(&again).unwrap().collect();
+        assert_eq!(names.len(), 1);
+        remove_staged(&staging).unwrap();
+        assert!(!staging.exists());
+        remove_staged(&staging).unwrap();
+    }
 }
