@@ -82,6 +82,8 @@
 //! assert_eq!(harness.value_state::<i64>("total", "u1"), Some(2));
 //! ```
 
+#[cfg(any(test, all(target_arch = "wasm32", feature = "small-blocks")))]
+mod alloc;
 mod emit;
 mod error;
 mod handle;
@@ -96,6 +98,13 @@ mod time;
 mod mem;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod testing;
+
+/// The component's allocator: small blocks are reused from free lists in front of its
+/// `malloc` (see `src/alloc.rs`). Turn off the default feature `small-blocks` to set a
+/// `#[global_allocator]` of your own.
+#[cfg(all(target_arch = "wasm32", feature = "small-blocks"))]
+#[global_allocator]
+static ALLOCATOR: alloc::SmallBlocks = alloc::SmallBlocks::new();
 
 pub use emit::Emitter;
 pub use error::{Error, ErrorKind, Result};
