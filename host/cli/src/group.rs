@@ -392,7 +392,7 @@ fn upload_staging_dir(local: &Path, name: &str) -> PathBuf {
     local.join("uploads").join(name)
 }
 
-/// Hard-links the files of the local snapshot the engine took after `batch` into
+/// Hard-links (or copies) the files of the local snapshot the engine took after `batch` into
 /// `staging/<batch>`, which is returned; `None` if there is no such snapshot (the engine
 /// logs why it could not take it; the next interval tries again).
 fn stage_snapshot(dir: &Path, batch: u64, staging: &Path) -> anyhow::Result<Option<PathBuf>> {
@@ -405,8 +405,14 @@ fn stage_snapshot(dir: &Path, batch: u64, staging: &Path) -> anyhow::Result<Opti
         remove_staged(&staged)?;
         std::fs::create_dir_all(&staged)?;
         for entry in std::fs::read_dir(&snapshot)? {
-            let entry = entry?;
-            std::fs::hard_link(entry.path(), staged.join(entry.file_name()))?;
+            let (from, to) = {
+                let entry = entry?;
+                (entry.path(), staged.join(entry.file_name()))
+            };
+            // A file system without hard links gets copies (as RocksDB's checkpoint does).
+            if std::fs::hard_link(&from, &to).is_err() {
+                std::fs::copy(&from, &to)?;
+            }
         }
         Ok(())
     };
