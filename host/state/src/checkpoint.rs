@@ -907,8 +907,6 @@ mod tests {
         );
     }
 
-    /// Commits one after another through the kept list write their own operations only,
-    /// whether or not they find the last commit's list back, and each sees the one before.
     /// Memory whose snapshots wait for a gate, then record what `meta_key("k")` held.
     struct GatedSnapshots {
         inner: MemEngine,
@@ -989,6 +987,8 @@ mod tests {
         assert_eq!(engine.snapshotted.lock().unwrap().len(), 3);
     }
 
+    /// Commits one after another through the kept list write their own operations only,
+    /// whether or not they find the last commit's list back, and each sees the one before.
     #[test]
     fn commits_through_the_kept_list_write_their_own_operations_only() {
         /// Memory, recording every write's operations.
