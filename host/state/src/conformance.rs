@@ -42,6 +42,12 @@ impl Fixture {
         Self::durable(16 << 10)
     }
 
+    /// RocksDB alone, with every write ingested as table files (see [`crate::ingest`]).
+    fn ingested() -> Self {
+        crate::rocks::tests::ingest_every_write();
+        Self::durable(0)
+    }
+
     fn durable(cache: usize) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let cp = Checkpoint::open_with_cache(dir.path(), cache).unwrap();
@@ -1450,6 +1456,9 @@ macro_rules! conformance {
         }
         mod cached {
             $( #[test] fn $name() { super::$name(super::Fixture::cached()) } )*
+        }
+        mod ingested {
+            $( #[test] fn $name() { super::$name(super::Fixture::ingested()) } )*
         }
     };
 }

@@ -28,6 +28,7 @@ pub mod catalog;
 pub mod changelog;
 mod checkpoint;
 pub mod engine;
+mod ingest;
 pub mod keys;
 mod mem;
 pub mod memory;

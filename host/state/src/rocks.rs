@@ -1,16 +1,18 @@
 //! The RocksDB backend.
 
 use std::cell::Cell;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
 use rocksdb::perf::{PerfStatsLevel, set_perf_stats};
 use rocksdb::{
     BlockBasedIndexType, BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, DBCompressionType,
-    Options, ReadOptions, WriteOptions,
+    IngestExternalFileOptions, Options, ReadOptions, WriteOptions,
 };
 
 use crate::engine::{GetFn, GetManyFn, KvEngine, ScanFn, WriteBatch, WriteOp};
+use crate::ingest;
 use crate::{Result, StateMemory, StoreError};
 
 /// The process's state memory budget, of which RocksDB uses the block cache's and the
@@ -50,6 +52,15 @@ pub(crate) struct RocksEngine {
     get_opts: ReadOptions,
     /// Options of every write: fsynced.
     write_opts: WriteOptions,
+    /// The database's options, which the table files of large writes are written with.
+    opts: Options,
+    /// The database's directory.
+    dir: PathBuf,
+    /// Writes of at least this many operations are ingested as table files
+    /// ([`ingest::MIN_OPS`]).
+    ingest_min_ops: usize,
+    /// Numbers the table files written for ingestion.
+    ingested_files: AtomicU64,
 }
 
 impl RocksEngine {
@@ -131,6 +142,10 @@ impl RocksEngine {
             DB::open_cf_descriptors(&opts, path, cfs)
         }
         .map_err(|e| open_error(path, e))?;
+        if !read_only {
+            ingest::remove_leftovers(path)
+                .map_err(|e| StoreError::Storage(format!("opening {}: {e}", path.display())))?;
+        }
         let mut write_opts = WriteOptions::default();
         write_opts.set_sync(true);
         Ok(Self {
@@ -138,6 +153,10 @@ impl RocksEngine {
             share: None,
             get_opts: ReadOptions::default(),
             write_opts,
+            opts,
+            dir: path.to_path_buf(),
+            ingest_min_ops: ingest_min_ops(),
+            ingested_files: AtomicU64::new(0),
         })
     }
 
@@ -373,6 +392,9 @@ impl KvEngine for RocksEngine {
 
     fn write(&self, batch: &WriteBatch) -> Result<()> {
         perf_stats_off();
+        if batch.len() >= self.ingest_min_ops {
+            return self.ingest(batch);
+        }
         let mut wb = rocksdb::WriteBatch::default();
         for op in batch.ops() {
             match op {
@@ -383,6 +405,46 @@ impl KvEngine for RocksEngine {
             }
         }
         self.db.write_opt(wb, &self.write_opts).map_err(storage)
+    }
+}
+
+/// The ingestion threshold of the databases opened now: [`ingest::MIN_OPS`], or in tests
+/// the calling thread's override ([`tests::ingest_every_write`]).
+fn ingest_min_ops() -> usize {
+    #[cfg(test)]
+    if let Some(min) = tests::INGEST_MIN_OPS.with(Cell::get) {
+        return min;
+    }
+    ingest::MIN_OPS
+}
+
+/// Table files per ingested write, written side by side: one per core, up to 4. Each is a
+/// level-0 file, and RocksDB compacts level 0 once it holds 4 files.
+fn ingest_parts() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
+}
+
+impl RocksEngine {
+    /// Writes `batch` as table files and ingests them in one step (see [`ingest`]).
+    fn ingest(&self, batch: &WriteBatch) -> Result<()> {
+        let ops = batch.ops();
+        let points = ingest::effective_points(ops);
+        let parts = ingest::split(ops, &points, ingest_parts());
+        if parts.is_empty() {
+            return Ok(());
+        }
+        let first = self
+            .ingested_files
+            .fetch_add(parts.len() as u64, Ordering::Relaxed);
+        let files = ingest::write_files(&self.opts, &self.dir, first, ops, &parts)?;
+        let mut options = IngestExternalFileOptions::default();
+        // The files are linked into the database, not copied.
+        options.set_move_files(true);
+        let ingested = self.db.ingest_external_file_opts(&options, files.clone());
+        // Linked files are removed from their old names by RocksDB; on a failure they are
+        // still there.
+        ingest::remove_files(&files);
+        ingested.map_err(storage)
     }
 }
 
@@ -405,8 +467,131 @@ fn open_error(path: &Path, e: rocksdb::Error) -> StoreError {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    thread_local! {
+        /// The ingestion threshold of the databases this thread opens, if overridden.
+        pub(crate) static INGEST_MIN_OPS: Cell<Option<usize>> = const { Cell::new(None) };
+    }
+
+    /// Makes every write of the databases this thread opens from now on an ingestion.
+    pub(crate) fn ingest_every_write() {
+        INGEST_MIN_OPS.with(|min| min.set(Some(1)));
+    }
+
+    /// Every key and value of `engine`, in order.
+    fn contents(engine: &RocksEngine) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let mut all = Vec::new();
+        engine
+            .scan(&[], &[0xff; 8], &mut |k, v| {
+                all.push((k.to_vec(), v.to_vec()));
+                Ok(true)
+            })
+            .unwrap();
+        all
+    }
+
+    /// Random batches of puts, deletes and range deletes over a few keys, with keys written
+    /// several times per batch and range deletes before and after point writes they cover,
+    /// leave the same contents ingested as written through the log, batch after batch and
+    /// after reopening.
+    #[test]
+    fn ingested_writes_leave_what_logged_writes_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let logged = RocksEngine::open(&dir.path().join("logged")).unwrap();
+        ingest_every_write();
+        let ingested = RocksEngine::open(&dir.path().join("ingested")).unwrap();
+        assert_eq!(
+            (logged.ingest_min_ops, ingested.ingest_min_ops),
+            (ingest::MIN_OPS, 1)
+        );
+        let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = |n: u64| {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            (seed >> 33) % n
+        };
+        let key = |i: u64| format!("k{i:02}").into_bytes();
+        for round in 0..60 {
+            let mut batch = WriteBatch::new();
+            for _ in 0..next(300) {
+                match next(20) {
+                    0..=13 => batch.put(
+                        key(next(64)),
+                        format!("v{round}-{}", next(1000)).into_bytes(),
+                    ),
+                    14..=16 => batch.delete(key(next(64))),
+                    // Empty and reversed ranges included: they delete nothing.
+                    _ => batch.delete_range(key(next(66)), key(next(66))),
+                }
+            }
+            logged.write(&batch).unwrap();
+            ingested.write(&batch).unwrap();
+            assert_eq!(contents(&ingested), contents(&logged), "round {round}");
+        }
+        let expected = contents(&logged);
+        assert!(!expected.is_empty());
+        drop(ingested);
+        let reopened = RocksEngine::open(&dir.path().join("ingested")).unwrap();
+        assert_eq!(contents(&reopened), expected);
+    }
+
+    /// A batch's ingestion is one step: a key written in one table file of the batch and
+    /// range-deleted in another keeps the batch's order of operations, and no file is left
+    /// beside the database.
+    #[test]
+    fn a_write_split_into_files_keeps_the_order_of_its_operations() {
+        let dir = tempfile::tempdir().unwrap();
+        ingest_every_write();
+        let engine = RocksEngine::open(dir.path()).unwrap();
+        let mut first = WriteBatch::new();
+        for i in 0..3000 {
+            first.put(format!("a{i:04}").into_bytes(), b"old".to_vec());
+        }
+        engine.write(&first).unwrap();
+        let mut second = WriteBatch::new();
+        // Removes every `a` key, then puts some back: those stay, in every file.
+        second.delete_range(b"a".to_vec(), b"b".to_vec());
+        for i in (0..3000).step_by(7) {
+            second.put(format!("a{i:04}").into_bytes(), b"new".to_vec());
+        }
+        // A put then removed by a later range delete is gone.
+        second.put(b"c1".to_vec(), b"gone".to_vec());
+        second.delete_range(b"c".to_vec(), b"d".to_vec());
+        engine.write(&second).unwrap();
+        let all = contents(&engine);
+        let expected: Vec<(Vec<u8>, Vec<u8>)> = (0..3000)
+            .step_by(7)
+            .map(|i| (format!("a{i:04}").into_bytes(), b"new".to_vec()))
+            .collect();
+        assert_eq!(all, expected);
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            !names.iter().any(|n| n.starts_with("statebox-ingest-")),
+            "{names:?}"
+        );
+    }
+
+    /// Table files a crash left before their ingestion are removed when the database opens;
+    /// what was committed stays.
+    #[test]
+    fn table_files_left_before_ingestion_are_removed_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        ingest_every_write();
+        let engine = RocksEngine::open(dir.path()).unwrap();
+        let mut batch = WriteBatch::new();
+        batch.put(b"k".to_vec(), b"v".to_vec());
+        engine.write(&batch).unwrap();
+        drop(engine);
+        let leftover = dir.path().join("statebox-ingest-3.sst");
+        std::fs::write(&leftover, b"half a table file").unwrap();
+        let engine = RocksEngine::open(dir.path()).unwrap();
+        assert!(!leftover.exists());
+        assert_eq!(contents(&engine), vec![(b"k".to_vec(), b"v".to_vec())]);
+    }
 
     /// Writes up to `bytes` of 1 KiB values to `engine`, in synced batches of 1,000, and
     /// says how many value bytes it wrote.
