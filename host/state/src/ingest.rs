@@ -102,37 +102,23 @@ fn ranges(ops: &[WriteOp]) -> impl Iterator<Item = (usize, &[u8], &[u8])> {
 
 /// The cost of writing one entry into a table file beyond its bytes, counted in bytes:
 /// encoding an entry and adding it to the filter and the index cost about what compressing
-/// a few hundred bytes does. (Counting bytes alone, a commit's file holding the change log,
-/// a few values of megabytes, got a handful of entries and the other file all the rest.)
+/// a few hundred bytes does.
 const ENTRY_COST: usize = 256;
 
-/// Splits the write into at most `parts` files of about equal cost, over disjoint key
-/// intervals that together cover every key. `points` is [`effective_points`] of `ops`.
+/// Splits the write into files over disjoint key intervals that together cover every key:
+/// the keys from `apart` on in a file of their own, the keys before it in at most `parts`
+/// files of about equal cost. `points` is [`effective_points`] of `ops`.
 pub(crate) fn split<'a>(
     ops: &'a [WriteOp],
     points: &'a [(&'a [u8], usize)],
     parts: usize,
+    apart: &[u8],
 ) -> Vec<Part<'a>> {
-    let size = |&(k, i): &(&[u8], usize)| {
-        ENTRY_COST
-            + k.len()
-            + match &ops[i] {
-                WriteOp::Put(_, v) => v.len(),
-                _ => 0,
-            }
-    };
-    let total: usize = points.iter().map(size).sum();
+    let apart_at = points.partition_point(|&(k, _)| k < apart);
     // The index where each part starts.
-    let mut starts = vec![0];
-    let mut bytes = 0;
-    for (j, p) in points.iter().enumerate() {
-        if starts.len() < parts
-            && bytes * parts >= total * starts.len()
-            && j > *starts.last().unwrap_or(&0)
-        {
-            starts.push(j);
-        }
-        bytes += size(p);
+    let mut starts = balanced_starts(ops, &points[..apart_at], parts);
+    if apart_at > 0 && apart_at < points.len() {
+        starts.push(apart_at);
     }
     let mut out = Vec::with_capacity(starts.len());
     for (n, &start) in starts.iter().enumerate() {
@@ -160,6 +146,32 @@ pub(crate) fn split<'a>(
     }
     out.retain(|p| !p.points.is_empty() || !p.ranges.is_empty());
     out
+}
+
+/// Where each of at most `parts` runs of `points` of about equal cost starts; the first
+/// at 0.
+fn balanced_starts(ops: &[WriteOp], points: &[(&[u8], usize)], parts: usize) -> Vec<usize> {
+    let size = |&(k, i): &(&[u8], usize)| {
+        ENTRY_COST
+            + k.len()
+            + match &ops[i] {
+                WriteOp::Put(_, v) => v.len(),
+                _ => 0,
+            }
+    };
+    let total: usize = points.iter().map(size).sum();
+    let mut starts = vec![0];
+    let mut bytes = 0;
+    for (j, p) in points.iter().enumerate() {
+        if starts.len() < parts
+            && bytes * parts >= total * starts.len()
+            && j > *starts.last().unwrap_or(&0)
+        {
+            starts.push(j);
+        }
+        bytes += size(p);
+    }
+    starts
 }
 
 /// Writes each part as a table file in `dir` (one thread per part) and returns the files.
@@ -285,6 +297,9 @@ mod tests {
 
     use super::*;
 
+    /// No key is at or past it.
+    const NOTHING_APART: &[u8] = &[0xff];
+
     fn put(k: &str) -> WriteOp {
         WriteOp::Put(k.as_bytes().to_vec(), b"v".to_vec())
     }
@@ -366,7 +381,7 @@ mod tests {
         let points = effective_points(&ops);
         assert_eq!(points.len(), 100);
         for parts in [1, 2, 3, 7] {
-            let parts_made = split(&ops, &points, parts);
+            let parts_made = split(&ops, &points, parts, NOTHING_APART);
             assert!(
                 !parts_made.is_empty() && parts_made.len() <= parts,
                 "{parts}: {}",
@@ -403,17 +418,45 @@ mod tests {
         }
     }
 
+    /// The keys from `apart` on get a file of their own, whatever their cost; a range delete
+    /// reaching past `apart` is clipped at the first of them.
+    #[test]
+    fn keys_from_apart_on_get_a_file_of_their_own() {
+        let mut ops = vec![range("a", "x1")];
+        ops.extend((0..50).map(|i| put(&format!("k{i:03}"))));
+        ops.push(put("x2"));
+        ops.push(put("x3"));
+        let points = effective_points(&ops);
+        let parts = split(&ops, &points, 2, b"x");
+        let keys: Vec<Vec<&str>> = parts
+            .iter()
+            .map(|p| keys_and_ops(p.points).into_iter().map(|(k, _)| k).collect())
+            .collect();
+        assert_eq!(parts.len(), 3);
+        assert_eq!(keys[2], ["x2", "x3"]);
+        assert_eq!(keys[0].len() + keys[1].len(), 50);
+        let second = parts[1].points[0].0;
+        assert_eq!(parts[0].ranges, [(&b"a"[..], second)]);
+        assert_eq!(parts[1].ranges, [(second, &b"x1"[..])]);
+        assert!(parts[2].ranges.is_empty());
+        // Only keys from `apart` on: one file; none: as without it.
+        let tail = effective_points(&ops[51..]);
+        assert_eq!(split(&ops[51..], &tail, 2, b"x").len(), 1);
+        let head = effective_points(&ops[..51]);
+        assert_eq!(split(&ops[..51], &head, 2, b"x").len(), 2);
+    }
+
     /// With no point writes, the range deletes make one part over the whole key space; a
     /// write of nothing but empty ranges makes none.
     #[test]
     fn range_deletes_alone_make_one_part() {
         let ops = vec![range("a", "c"), range("x", "y")];
         let points = effective_points(&ops);
-        let one = split(&ops, &points, 4);
+        let one = split(&ops, &points, 4, NOTHING_APART);
         assert_eq!(one.len(), 1);
         assert_eq!(one[0].ranges.len(), 2);
         let ops = vec![range("c", "a")];
         let points = effective_points(&ops);
-        assert!(split(&ops, &points, 4).is_empty());
+        assert!(split(&ops, &points, 4, NOTHING_APART).is_empty());
     }
 }

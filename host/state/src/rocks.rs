@@ -13,7 +13,7 @@ use rocksdb::{
 
 use crate::engine::{GetFn, GetManyFn, KvEngine, ScanFn, WriteBatch, WriteOp};
 use crate::ingest;
-use crate::{Result, StateMemory, StoreError};
+use crate::{Result, StateMemory, StoreError, keys};
 
 /// The process's state memory budget, of which RocksDB uses the block cache's and the
 /// memtables' shares (see [`crate::memory`]): `None` until [`set_memory`] (the default then).
@@ -40,6 +40,10 @@ pub(crate) fn set_memory(m: StateMemory) {
 /// Bloom filter bits per key (~1% false positives): most point reads of a batch hit keys
 /// that were never written, and the filter answers those without touching a data block.
 const BLOOM_BITS_PER_KEY: f64 = 10.0;
+
+/// Level-0 files that start a compaction (RocksDB's default is 4); writes slow down at
+/// RocksDB's default of 20.
+const LEVEL0_COMPACTION_TRIGGER: i32 = 8;
 
 /// A RocksDB database in one directory.
 pub(crate) struct RocksEngine {
@@ -122,6 +126,11 @@ impl RocksEngine {
         opts.set_memtable_prefix_bloom_ratio(0.1);
         opts.set_level_compaction_dynamic_level_bytes(true);
         opts.set_max_background_jobs(2);
+        // A large commit adds two or more level-0 files (its table files of state, one per
+        // core) and the memtable flush its ingestion forces a third (see [`ingest`]): at
+        // RocksDB's default of 4 files, level 0 was compacted into the last level, which
+        // holds all the state, after almost every batch.
+        opts.set_level_zero_file_num_compaction_trigger(LEVEL0_COMPACTION_TRIGGER);
         // Memtables are bounded by the budget (`memory`): with one column family, their size
         // times their number bounds what they hold.
         opts.set_write_buffer_size(write_buffer_bytes);
@@ -418,8 +427,7 @@ fn ingest_min_ops() -> usize {
     ingest::MIN_OPS
 }
 
-/// Table files per ingested write, written side by side: one per core, up to 4. Each is a
-/// level-0 file, and RocksDB compacts level 0 once it holds 4 files.
+/// Table files of state per ingested write, written side by side: one per core, up to 4.
 fn ingest_parts() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
 }
@@ -429,7 +437,7 @@ impl RocksEngine {
     fn ingest(&self, batch: &WriteBatch) -> Result<()> {
         let ops = batch.ops();
         let points = ingest::effective_points(ops);
-        let parts = ingest::split(ops, &points, ingest_parts());
+        let parts = ingest::split(ops, &points, ingest_parts(), &[keys::CHANGELOG]);
         if parts.is_empty() {
             return Ok(());
         }
@@ -572,6 +580,40 @@ pub(crate) mod tests {
         assert!(
             !names.iter().any(|n| n.starts_with("statebox-ingest-")),
             "{names:?}"
+        );
+    }
+
+    /// A commit's change log, whose keys are past everything stored, is a table file of its
+    /// own, which RocksDB adds to the last level: it is not compacted with the state, which
+    /// a later write overlaps and which goes to level 0.
+    #[test]
+    fn the_change_log_goes_to_the_last_level() {
+        let dir = tempfile::tempdir().unwrap();
+        ingest_every_write();
+        let engine = RocksEngine::open(dir.path()).unwrap();
+        let files_at = |level: u8| {
+            engine
+                .db
+                .property_int_value(&format!("rocksdb.num-files-at-level{level}"))
+                .unwrap()
+                .unwrap()
+        };
+        let commit = |batch: u64| {
+            let mut b = WriteBatch::new();
+            for i in 0..100u32 {
+                b.put(keys::value_key(1, &i.to_be_bytes()), vec![1; 10]);
+            }
+            b.put(keys::changelog_key(batch, 0), vec![2; 1000]);
+            engine.write(&b).unwrap();
+        };
+        commit(1);
+        let (level0, last) = (files_at(0), files_at(6));
+        commit(2);
+        assert!(files_at(0) > level0, "the state overlaps the first write's");
+        assert_eq!(
+            files_at(6),
+            last + 1,
+            "the change log alone goes to the last level"
         );
     }
 
