@@ -8,6 +8,10 @@
 //! (README, "A commit's writes as table files"), so writing them straight into table files
 //! does that work once, split across the cores, and the write-ahead log is not written.
 //!
+//! The change log's keys only grow (they start with the batch), so a commit's change log is
+//! a file of its own ([`split`]'s `apart`): its key range overlaps nothing stored, and
+//! RocksDB adds it to the last level, below the compactions of the state.
+//!
 //! One ingestion is atomic (one entry in RocksDB's manifest), and durable when it returns:
 //! each file is synced when finished and the database's directory after the files are
 //! linked in. A table file's entries all carry the one sequence number the ingestion gives
