@@ -4,8 +4,9 @@
 //! one ordered key-value store: RocksDB for real checkpoints, a `BTreeMap` for tests. A
 //! micro-batch reads and writes through one [`PartitionTxn`] per partition — an in-memory
 //! overlay over the committed state — and [`Checkpoint::commit`] applies every overlay plus
-//! the batch's metadata (its commit record) in one fsynced write batch, so a batch is either
-//! wholly visible after a crash or not at all.
+//! the batch's metadata (its commit record) in one fsynced write (on RocksDB, a large one
+//! is ingested as table files), so a batch is either wholly visible after a crash or not at
+//! all.
 //!
 //! Code map:
 //! - [`keys`]: the byte layout of every stored key; byte order equals logical order.
@@ -13,7 +14,8 @@
 //! - [`engine`]: the small [`KvEngine`] trait both backends implement.
 //! - [`memory`]: one memory budget for a query's state and its split.
 //! - `rocks` / `mem`: the RocksDB and in-memory backends; [`cache`]: a bounded cache of
-//!   committed point reads in front of either.
+//!   committed point reads in front of either. `ingest`: RocksDB's large writes (a batch's
+//!   commit) as table files added in one atomic ingestion instead of a write batch.
 //! - `checkpoint` / `txn`: the public [`Checkpoint`] and [`PartitionTxn`].
 //! - [`changelog`]: the per-batch change log codec.
 //! - `overlay`: the overlay's building blocks (inline byte keys, per-prefix hash map,
