@@ -124,6 +124,8 @@ pub(crate) fn split<'a>(
     if apart_at > 0 && apart_at < points.len() {
         starts.push(apart_at);
     }
+    // The write's range deletes, found once: each part clips them all to its interval.
+    let all_ranges: Vec<(&[u8], &[u8])> = ranges(ops).map(|(_, s, e)| (s, e)).collect();
     let mut out = Vec::with_capacity(starts.len());
     for (n, &start) in starts.iter().enumerate() {
         let end = starts.get(n + 1).copied().unwrap_or(points.len());
@@ -131,8 +133,9 @@ pub(crate) fn split<'a>(
         // the next part's first key (or the end).
         let low: &[u8] = if n == 0 { &[] } else { points[start].0 };
         let high: Option<&[u8]> = starts.get(n + 1).map(|&next| points[next].0);
-        let clipped = ranges(ops)
-            .map(|(_, s, e)| {
+        let clipped = all_ranges
+            .iter()
+            .map(|&(s, e)| {
                 (
                     s.max(low),
                     match high {

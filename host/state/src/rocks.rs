@@ -63,6 +63,9 @@ pub(crate) struct RocksEngine {
     /// Writes of at least this many operations are ingested as table files
     /// ([`ingest::MIN_OPS`]).
     ingest_min_ops: usize,
+    /// Table files of state per ingested write, written side by side: one per core, up
+    /// to 4. Found at open: asking for the cores reads the process's cgroup files.
+    ingest_parts: usize,
     /// Numbers the table files written for ingestion.
     ingested_files: AtomicU64,
 }
@@ -165,6 +168,7 @@ impl RocksEngine {
             opts,
             dir: path.to_path_buf(),
             ingest_min_ops: ingest_min_ops(),
+            ingest_parts: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
             ingested_files: AtomicU64::new(0),
         })
     }
@@ -427,17 +431,12 @@ fn ingest_min_ops() -> usize {
     ingest::MIN_OPS
 }
 
-/// Table files of state per ingested write, written side by side: one per core, up to 4.
-fn ingest_parts() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
-}
-
 impl RocksEngine {
     /// Writes `batch` as table files and ingests them in one step (see [`ingest`]).
     fn ingest(&self, batch: &WriteBatch) -> Result<()> {
         let ops = batch.ops();
         let points = ingest::effective_points(ops);
-        let parts = ingest::split(ops, &points, ingest_parts(), &[keys::CHANGELOG]);
+        let parts = ingest::split(ops, &points, self.ingest_parts, &[keys::CHANGELOG]);
         if parts.is_empty() {
             return Ok(());
         }
@@ -486,6 +485,14 @@ pub(crate) mod tests {
     /// Makes every write of the databases this thread opens from now on an ingestion.
     pub(crate) fn ingest_every_write() {
         INGEST_MIN_OPS.with(|min| min.set(Some(1)));
+    }
+
+    /// A database in a new temporary directory, ingesting every write.
+    fn ingesting() -> (tempfile::TempDir, RocksEngine) {
+        let dir = tempfile::tempdir().unwrap();
+        ingest_every_write();
+        let engine = RocksEngine::open(dir.path()).unwrap();
+        (dir, engine)
     }
 
     /// Every key and value of `engine`, in order.
@@ -549,9 +556,7 @@ pub(crate) mod tests {
     /// beside the database.
     #[test]
     fn a_write_split_into_files_keeps_the_order_of_its_operations() {
-        let dir = tempfile::tempdir().unwrap();
-        ingest_every_write();
-        let engine = RocksEngine::open(dir.path()).unwrap();
+        let (dir, engine) = ingesting();
         let mut first = WriteBatch::new();
         for i in 0..3000 {
             first.put(format!("a{i:04}").into_bytes(), b"old".to_vec());
@@ -588,9 +593,7 @@ pub(crate) mod tests {
     /// a later write overlaps and which goes to level 0.
     #[test]
     fn the_change_log_goes_to_the_last_level() {
-        let dir = tempfile::tempdir().unwrap();
-        ingest_every_write();
-        let engine = RocksEngine::open(dir.path()).unwrap();
+        let (_dir, engine) = ingesting();
         let files_at = |level: u8| {
             engine
                 .db
@@ -621,9 +624,7 @@ pub(crate) mod tests {
     /// what was committed stays.
     #[test]
     fn table_files_left_before_ingestion_are_removed_at_open() {
-        let dir = tempfile::tempdir().unwrap();
-        ingest_every_write();
-        let engine = RocksEngine::open(dir.path()).unwrap();
+        let (dir, engine) = ingesting();
         let mut batch = WriteBatch::new();
         batch.put(b"k".to_vec(), b"v".to_vec());
         engine.write(&batch).unwrap();
