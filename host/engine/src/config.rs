@@ -266,7 +266,9 @@ pub(crate) mod meta {
     /// The catalog as of each batch that changed it, for reading earlier batches.
     pub const CATALOG_PREFIX: &str = "catalog/";
     pub const HEAD: &str = "head";
-    pub const PLAN_PREFIX: &str = "plan/";
+    /// Where versions before plans had a namespace of their own logged them (see
+    /// [`legacy_plan`]).
+    pub const LEGACY_PLAN_PREFIX: &str = "plan/";
     pub const COMMIT_PREFIX: &str = "commit/";
     /// Each batch's [`BatchTiming`](crate::BatchTiming), beside its commit record.
     pub const TIMING_PREFIX: &str = "timing/";
@@ -278,8 +280,12 @@ pub(crate) mod meta {
     /// The batch and id of the latest sink delivery begun (see `BatchSink`).
     pub const SINK_DELIVERY: &str = "sink-delivery";
 
-    pub fn plan(batch: u64) -> String {
-        format!("{PLAN_PREFIX}{batch:020}")
+    /// A batch plan as earlier versions logged it, among the metadata. A checkpoint they
+    /// left with a batch planned but not committed still has it there: the batch is re-run
+    /// from it, and its commit removes it. Plans are now logged by
+    /// `Checkpoint::put_plan_sync`.
+    pub fn legacy_plan(batch: u64) -> String {
+        format!("{LEGACY_PLAN_PREFIX}{batch:020}")
     }
 
     pub fn catalog_at(batch: u64) -> String {

@@ -182,13 +182,15 @@ impl Query {
     /// with a shared plan log, that another process logged (this process then re-runs it).
     fn pending_plan(&mut self) -> Result<Option<BatchPlan>, EngineError> {
         let batch_id = self.next_batch_id();
-        let mut bytes = self.checkpoint.get_meta(&meta::plan(batch_id))?;
+        let mut bytes = match self.checkpoint.get_plan(batch_id)? {
+            Some(bytes) => Some(bytes),
+            None => self.checkpoint.get_meta(&meta::legacy_plan(batch_id))?,
+        };
         if bytes.is_none()
             && let Some(log) = &mut self.plans
             && let Some(logged) = log.get(batch_id)?
         {
-            self.checkpoint
-                .put_meta_sync(&meta::plan(batch_id), &logged)?;
+            self.checkpoint.put_plan_sync(batch_id, &logged)?;
             bytes = Some(logged);
         }
         let Some(bytes) = bytes else {
@@ -242,8 +244,7 @@ impl Query {
             );
             bytes = logged;
         }
-        self.checkpoint
-            .put_meta_sync(&meta::plan(batch_id), &bytes)?;
+        self.checkpoint.put_plan_sync(batch_id, &bytes)?;
         Ok(plan)
     }
 
@@ -276,13 +277,17 @@ impl Query {
                 if keep_plan || self.plans.is_some() {
                     return Err(e);
                 }
-                let withdraw = Commit {
+                let legacy = Commit {
                     drop_vars: Vec::new(),
                     txns: Vec::new(),
-                    meta: vec![(meta::plan(plan.batch_id), None)],
+                    meta: vec![(meta::legacy_plan(plan.batch_id), None)],
                     changelog: None,
                 };
-                if let Err(store) = self.checkpoint.commit(withdraw) {
+                let withdrawn = self
+                    .checkpoint
+                    .withdraw_plan(plan.batch_id)
+                    .and_then(|()| self.checkpoint.commit(legacy));
+                if let Err(store) = withdrawn {
                     tracing::warn!(error = %store, "could not withdraw the failed batch's plan");
                 }
                 Err(e)

@@ -362,6 +362,44 @@ fn a_batch_that_died_mid_run_is_rerun_from_its_durable_plan() {
     assert!(query.run_next(Some(99_000)).unwrap().is_none());
 }
 
+/// A checkpoint an earlier version left with a batch planned but not committed has the
+/// plan among its metadata: the batch is re-run from it, and its commit removes it.
+#[test]
+fn a_plan_an_earlier_version_logged_is_rerun_and_removed_by_its_commit() {
+    let dirs = Dirs::new();
+    dirs.add_input("0.jsonl", &["a", "b"]);
+    let fail = Arc::new(AtomicU8::new(PANIC));
+    let factory = Arc::new(Reminder::new(fail.clone()));
+    let opts = dirs.options(TimeMode::ProcessingTime);
+    let died = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut query = Query::open(opts.clone(), factory.clone()).unwrap();
+        let _ = query.run_next(Some(10_000));
+    }));
+    assert!(died.is_err(), "the processor panicked mid-batch");
+    let legacy = "plan/00000000000000000000";
+    {
+        let cp = statebox_state::Checkpoint::open(&dirs.checkpoint).unwrap();
+        let plan = cp.get_plan(0).unwrap().expect("batch 0 is planned");
+        cp.put_meta_sync(legacy, &plan).unwrap();
+        cp.withdraw_plan(0).unwrap();
+    }
+
+    fail.store(RUN, Ordering::Relaxed);
+    let mut query = Query::open(opts, factory).unwrap();
+    let report = query
+        .run_next(Some(99_000))
+        .unwrap()
+        .expect("the pending batch");
+    assert_eq!(
+        (report.commit.batch_id, report.commit.timestamp_ms),
+        (0, 10_000)
+    );
+    assert!(query.run_next(Some(99_000)).unwrap().is_none());
+    drop(query);
+    let cp = statebox_state::Checkpoint::open(&dirs.checkpoint).unwrap();
+    assert_eq!(cp.get_meta(legacy).unwrap(), None);
+}
+
 #[test]
 fn timers_fire_at_the_batch_clock_once_and_are_deleted() {
     let dirs = Dirs::new();
@@ -457,11 +495,16 @@ fn a_store_failure_while_firing_timers_is_the_stores_not_the_processors() {
     assert!(!message.contains("processor"), "{message}");
 }
 
-/// Overwrites checkpoint record `name` with bytes that do not decode.
+/// Overwrites checkpoint record `name` (`plan 1`: batch 1's plan) with bytes that do not
+/// decode.
 fn damage(checkpoint: &Path, name: &str) {
     let cp = statebox_state::Checkpoint::open(checkpoint).unwrap();
-    cp.put_meta_sync(name, b"{\"batch_id\": \"not a number\"")
-        .unwrap();
+    let bad = b"{\"batch_id\": \"not a number\"";
+    match name {
+        "plan 1" => cp.put_plan_sync(1, bad),
+        _ => cp.put_meta_sync(name, bad),
+    }
+    .unwrap();
 }
 
 fn is_corrupt(err: &EngineError, what: &str) -> bool {
@@ -475,7 +518,7 @@ fn a_damaged_checkpoint_record_is_corrupt_state_not_a_bad_setting() {
         ("head", "commit record"),
         ("query", "query record"),
         ("catalog", "catalog"),
-        ("plan/00000000000000000001", "batch plan"),
+        ("plan 1", "batch plan"),
     ] {
         let dirs = Dirs::new();
         dirs.add_input("0.jsonl", &["a"]);
@@ -495,7 +538,7 @@ fn a_damaged_checkpoint_record_is_corrupt_state_not_a_bad_setting() {
                 .starts_with("state store is corrupt: checkpoint"),
             "{name}: {err}"
         );
-        if name != "plan/00000000000000000001" {
+        if name != "plan 1" {
             let Err(err) = StateReader::open(&dirs.checkpoint) else {
                 panic!("the reader opened a damaged {name}");
             };

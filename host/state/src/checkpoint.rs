@@ -277,7 +277,7 @@ impl Checkpoint {
         }
     }
 
-    /// A small named metadata blob (query config, variable catalog, batch plans, commit log).
+    /// A small named metadata blob (query config, variable catalog, commit log).
     pub fn get_meta(&self, name: &str) -> Result<Option<Vec<u8>>> {
         self.engine.get(&keys::meta_key(name))
     }
@@ -512,12 +512,42 @@ impl Checkpoint {
         Ok(undo)
     }
 
-    /// Durably (fsynced) writes one metadata blob outside any batch, e.g. the batch plan
-    /// written before a batch runs.
+    /// Durably (fsynced) writes one metadata blob outside any batch, e.g. the query's
+    /// config when it is first opened.
     pub fn put_meta_sync(&self, name: &str, value: &[u8]) -> Result<()> {
         let mut batch = WriteBatch::new();
         batch.put(keys::meta_key(name), value.to_vec());
         self.engine.write(&batch)
+    }
+
+    /// The plan logged for `batch` by [`put_plan_sync`](Self::put_plan_sync), if any.
+    pub fn get_plan(&self, batch: u64) -> Result<Option<Vec<u8>>> {
+        self.engine.get(&keys::plan_key(batch))
+    }
+
+    /// Durably (fsynced) logs the plan of `batch` before the batch runs, and removes the
+    /// plan of the batch before it in the same write: that batch is committed, since
+    /// batches run in order.
+    ///
+    /// A commit does not remove its own batch's plan. Plans live in a namespace below every
+    /// other ([`keys::PLAN`]), and a commit writes nothing there. So a large commit's table
+    /// files never cover the logged plan, and RocksDB ingests them without flushing the
+    /// memtable that holds it first.
+    pub fn put_plan_sync(&self, batch: u64, plan: &[u8]) -> Result<()> {
+        let mut write = WriteBatch::new();
+        if let Some(before) = batch.checked_sub(1) {
+            write.delete(keys::plan_key(before));
+        }
+        write.put(keys::plan_key(batch), plan.to_vec());
+        self.engine.write(&write)
+    }
+
+    /// Durably removes the plan of `batch`, e.g. of a batch that failed and will be
+    /// planned again.
+    pub fn withdraw_plan(&self, batch: u64) -> Result<()> {
+        let mut write = WriteBatch::new();
+        write.delete(keys::plan_key(batch));
+        self.engine.write(&write)
     }
 
     /// Bytes of state on disk (RocksDB SST files; 0 in memory).

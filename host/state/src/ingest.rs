@@ -12,6 +12,11 @@
 //! a file of its own ([`split`]'s `apart`): its key range overlaps nothing stored, and
 //! RocksDB adds it to the last level, below the compactions of the state.
 //!
+//! RocksDB flushes the memtable before an ingestion if it holds a key inside a file's key
+//! range. Between commits the memtable holds the next batch's plan, logged before the batch
+//! runs. Plans are in a namespace below every key a commit writes ([`crate::keys::PLAN`]):
+//! no commit's files cover one, and an ingestion flushes nothing.
+//!
 //! One ingestion is atomic (one entry in RocksDB's manifest), and durable when it returns:
 //! each file is synced when finished and the database's directory after the files are
 //! linked in. A table file's entries all carry the one sequence number the ingestion gives

@@ -8,6 +8,7 @@
 //!
 //! | namespace | layout |
 //! |---|---|
+//! | [`PLAN`] | `[0x00][batch u64]` |
 //! | [`META`] | `[0x01][name]` |
 //! | [`VALUE`] | `[0x02][var u32][keylen u32][key]` |
 //! | [`LIST`] | `[0x03][var u32][keylen u32][key][seq u64]` |
@@ -26,7 +27,11 @@
 
 use crate::{Partition, Result, StoreError, VarId};
 
-/// Named metadata blobs (query config, catalog, batch plans, commit log).
+/// Batch plans, logged before their batch runs. Below every other namespace, so that no
+/// commit's key range covers a plan: a large commit is ingested as table files, and
+/// RocksDB must flush the memtable first if it holds a key in a file's range.
+pub const PLAN: u8 = 0x00;
+/// Named metadata blobs (query config, catalog, commit log).
 pub const META: u8 = 0x01;
 /// Value state values.
 pub const VALUE: u8 = 0x02;
@@ -351,6 +356,14 @@ pub fn decode_changelog_key(k: &[u8]) -> Result<(u64, Option<Partition>)> {
         2 => Ok((batch, Some(Partition::from_be_bytes([rest[0], rest[1]])))),
         _ => Err(malformed()),
     }
+}
+
+/// The key of a batch's plan.
+pub fn plan_key(batch: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1 + 8);
+    out.push(PLAN);
+    out.extend_from_slice(&batch.to_be_bytes());
+    out
 }
 
 /// The key of a metadata blob.
@@ -682,6 +695,7 @@ mod tests {
     #[test]
     fn namespaces_are_distinct_and_ordered() {
         let all = [
+            PLAN,
             META,
             VALUE,
             LIST,
@@ -690,7 +704,9 @@ mod tests {
             TIMER_BY_KEY,
             TIMER_BY_TIME,
             TTL,
+            CHANGELOG,
         ];
         assert!(all.windows(2).all(|w| w[0] < w[1]));
+        assert!(plan_key(u64::MAX) < meta_key(""));
     }
 }

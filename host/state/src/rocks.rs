@@ -130,9 +130,10 @@ impl RocksEngine {
         opts.set_level_compaction_dynamic_level_bytes(true);
         opts.set_max_background_jobs(2);
         // A large commit adds two or more level-0 files (its table files of state, one per
-        // core) and the memtable flush its ingestion forces a third (see [`ingest`]): at
-        // RocksDB's default of 4 files, level 0 was compacted into the last level, which
-        // holds all the state, after almost every batch.
+        // core; see [`ingest`]), and before batch plans had a namespace of their own the
+        // memtable flush its ingestion forced added a third: at RocksDB's default of 4
+        // files, level 0 was compacted into the last level, which holds all the state,
+        // after almost every batch.
         opts.set_level_zero_file_num_compaction_trigger(LEVEL0_COMPACTION_TRIGGER);
         // Memtables are bounded by the budget (`memory`): with one column family, their size
         // times their number bounds what they hold.
@@ -618,6 +619,53 @@ pub(crate) mod tests {
             last + 1,
             "the change log alone goes to the last level"
         );
+    }
+
+    /// A logged plan lies below every key a commit writes, so ingesting a commit leaves it
+    /// in the memtable; a metadata blob inside the commit's key range is flushed first.
+    #[test]
+    fn ingesting_a_commit_leaves_the_logged_plan_in_the_memtable() {
+        let dir = tempfile::tempdir().unwrap();
+        // The plan's write (two operations) is logged; the commit's (three) ingested.
+        INGEST_MIN_OPS.with(|min| min.set(Some(3)));
+        let engine = Arc::new(RocksEngine::open(dir.path()).unwrap());
+        let checkpoint = crate::Checkpoint::with_engine(engine.clone());
+        let in_memtable = || {
+            engine
+                .db
+                .property_int_value("rocksdb.num-entries-active-mem-table")
+                .unwrap()
+                .unwrap()
+        };
+        let commit = |batch: u64| {
+            let mut b = WriteBatch::new();
+            b.put(keys::meta_key(&format!("commit/{batch}")), vec![1]);
+            b.put(keys::meta_key(&format!("timing/{batch}")), vec![2]);
+            b.put(keys::value_key(1, b"k"), vec![3]);
+            engine.write(&b).unwrap();
+        };
+        checkpoint.put_plan_sync(1, b"plan 1").unwrap();
+        commit(1);
+        assert_eq!(
+            in_memtable(),
+            2,
+            "the plan and the removal of the one before"
+        );
+        checkpoint.put_meta_sync("head", b"1").unwrap();
+        commit(2);
+        assert_eq!(in_memtable(), 0, "\"head\" is inside the commit's range");
+        assert_eq!(
+            checkpoint.get_plan(1).unwrap().as_deref(),
+            Some(&b"plan 1"[..])
+        );
+        checkpoint.put_plan_sync(2, b"plan 2").unwrap();
+        assert_eq!(
+            checkpoint.get_plan(1).unwrap(),
+            None,
+            "removed by the next plan"
+        );
+        checkpoint.withdraw_plan(2).unwrap();
+        assert_eq!(checkpoint.get_plan(2).unwrap(), None);
     }
 
     /// Table files a crash left before their ingestion are removed when the database opens;

@@ -435,7 +435,7 @@ impl Query {
     /// Writes the batch in one synced write: every partition's state changes and their
     /// change log, dropped variables, the catalog if it changed, the input's progress, the
     /// commit record (its state and timer totals counted from the change log on the way)
-    /// and the batch's timing; the plan is consumed.
+    /// and the batch's timing. The batch's plan stays until the next batch's is logged.
     fn commit(
         &mut self,
         commit: &mut CommitRecord,
@@ -451,7 +451,9 @@ impl Query {
             (drops, catalog.is_dirty().then(|| catalog.to_json()))
         };
         let mut meta_writes = vec![
-            (meta::plan(batch_id), None),
+            // The plan stays until the next batch's is logged (see `put_plan_sync`); one
+            // an earlier version logged among the metadata goes with its commit.
+            (meta::legacy_plan(batch_id), None),
             (
                 meta::timing(batch_id),
                 Some(serde_json::to_vec(timing).expect("serialises")),
