@@ -331,9 +331,9 @@ fn a_failed_batch_commits_nothing_and_withdraws_its_plan() {
     assert!(out.iter().all(|r| r["seen"].is_null()), "{out:?}");
 }
 
-#[test]
-fn a_batch_that_died_mid_run_is_rerun_from_its_durable_plan() {
-    let dirs = Dirs::new();
+/// Plans batch 0 over two rows at 10,000 ms and runs it until its processor panics, as a
+/// process that dies mid-batch; returns the query's options and a processor that now runs.
+fn die_in_batch_0(dirs: &Dirs) -> (QueryOptions, Arc<Reminder>) {
     dirs.add_input("0.jsonl", &["a", "b"]);
     let fail = Arc::new(AtomicU8::new(PANIC));
     let factory = Arc::new(Reminder::new(fail.clone()));
@@ -344,10 +344,16 @@ fn a_batch_that_died_mid_run_is_rerun_from_its_durable_plan() {
     }));
     assert!(died.is_err(), "the processor panicked mid-batch");
     assert!(dirs.output().is_empty());
+    fail.store(RUN, Ordering::Relaxed);
+    (opts, factory)
+}
 
+#[test]
+fn a_batch_that_died_mid_run_is_rerun_from_its_durable_plan() {
+    let dirs = Dirs::new();
+    let (opts, factory) = die_in_batch_0(&dirs);
     // A new run re-runs batch 0 exactly as planned, at the planned time, not the one asked
     // for; nothing of the dead attempt is in its state.
-    fail.store(RUN, Ordering::Relaxed);
     let mut query = Query::open(opts, factory).unwrap();
     let report = query
         .run_next(Some(99_000))
@@ -367,15 +373,7 @@ fn a_batch_that_died_mid_run_is_rerun_from_its_durable_plan() {
 #[test]
 fn a_plan_an_earlier_version_logged_is_rerun_and_removed_by_its_commit() {
     let dirs = Dirs::new();
-    dirs.add_input("0.jsonl", &["a", "b"]);
-    let fail = Arc::new(AtomicU8::new(PANIC));
-    let factory = Arc::new(Reminder::new(fail.clone()));
-    let opts = dirs.options(TimeMode::ProcessingTime);
-    let died = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let mut query = Query::open(opts.clone(), factory.clone()).unwrap();
-        let _ = query.run_next(Some(10_000));
-    }));
-    assert!(died.is_err(), "the processor panicked mid-batch");
+    let (opts, factory) = die_in_batch_0(&dirs);
     let legacy = "plan/00000000000000000000";
     {
         let cp = statebox_state::Checkpoint::open(&dirs.checkpoint).unwrap();
@@ -383,8 +381,6 @@ fn a_plan_an_earlier_version_logged_is_rerun_and_removed_by_its_commit() {
         cp.put_meta_sync(legacy, &plan).unwrap();
         cp.withdraw_plan(0).unwrap();
     }
-
-    fail.store(RUN, Ordering::Relaxed);
     let mut query = Query::open(opts, factory).unwrap();
     let report = query
         .run_next(Some(99_000))
