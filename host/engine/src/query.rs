@@ -182,10 +182,7 @@ impl Query {
     /// with a shared plan log, that another process logged (this process then re-runs it).
     fn pending_plan(&mut self) -> Result<Option<BatchPlan>, EngineError> {
         let batch_id = self.next_batch_id();
-        let mut bytes = match self.checkpoint.get_plan(batch_id)? {
-            Some(bytes) => Some(bytes),
-            None => self.checkpoint.get_meta(&meta::legacy_plan(batch_id))?,
-        };
+        let mut bytes = logged_plan(&self.checkpoint, batch_id)?;
         if bytes.is_none()
             && let Some(log) = &mut self.plans
             && let Some(logged) = log.get(batch_id)?
@@ -328,6 +325,18 @@ impl Query {
                 }
             }
         }
+    }
+}
+
+/// The plan logged in `checkpoint` for `batch`, where this version logs plans or, failing
+/// that, where an earlier version did ([`meta::legacy_plan`]).
+fn logged_plan(
+    checkpoint: &Checkpoint,
+    batch: u64,
+) -> Result<Option<Vec<u8>>, statebox_state::StoreError> {
+    match checkpoint.get_plan(batch)? {
+        Some(bytes) => Ok(Some(bytes)),
+        None => checkpoint.get_meta(&meta::legacy_plan(batch)),
     }
 }
 

@@ -214,10 +214,7 @@ impl Query {
         }
         let pending = {
             let next = head.as_ref().map_or(0, |h| h.batch_id + 1);
-            let local = match checkpoint.get_plan(next)? {
-                Some(_) => Some(next),
-                None => checkpoint.get_meta(&meta::legacy_plan(next))?.map(|_| next),
-            };
+            let local = super::logged_plan(&checkpoint, next)?.map(|_| next);
             // Batches planned in a shared log after this checkpoint's head run next, from
             // their plans (a restored snapshot catching up): the sink may have all of them.
             let logged = match &mut plan_log {
