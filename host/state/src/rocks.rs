@@ -483,9 +483,20 @@ pub(crate) mod tests {
         pub(crate) static INGEST_MIN_OPS: Cell<Option<usize>> = const { Cell::new(None) };
     }
 
+    /// Makes every write of at least `min` operations to the databases this thread opens
+    /// from now on an ingestion.
+    fn ingest_writes_of(min: usize) {
+        INGEST_MIN_OPS.with(|m| m.set(Some(min)));
+    }
+
     /// Makes every write of the databases this thread opens from now on an ingestion.
     pub(crate) fn ingest_every_write() {
-        INGEST_MIN_OPS.with(|min| min.set(Some(1)));
+        ingest_writes_of(1);
+    }
+
+    /// An integer property of `engine`'s database.
+    fn int_property(engine: &RocksEngine, name: &str) -> u64 {
+        engine.db.property_int_value(name).unwrap().unwrap()
     }
 
     /// A database in a new temporary directory, ingesting every write.
@@ -595,13 +606,8 @@ pub(crate) mod tests {
     #[test]
     fn the_change_log_goes_to_the_last_level() {
         let (_dir, engine) = ingesting();
-        let files_at = |level: u8| {
-            engine
-                .db
-                .property_int_value(&format!("rocksdb.num-files-at-level{level}"))
-                .unwrap()
-                .unwrap()
-        };
+        let files_at =
+            |level: u8| int_property(&engine, &format!("rocksdb.num-files-at-level{level}"));
         let commit = |batch: u64| {
             let mut b = WriteBatch::new();
             for i in 0..100u32 {
@@ -627,16 +633,10 @@ pub(crate) mod tests {
     fn ingesting_a_commit_leaves_the_logged_plan_in_the_memtable() {
         let dir = tempfile::tempdir().unwrap();
         // The plan's write (two operations) is logged; the commit's (three) ingested.
-        INGEST_MIN_OPS.with(|min| min.set(Some(3)));
+        ingest_writes_of(3);
         let engine = Arc::new(RocksEngine::open(dir.path()).unwrap());
         let checkpoint = crate::Checkpoint::with_engine(engine.clone());
-        let in_memtable = || {
-            engine
-                .db
-                .property_int_value("rocksdb.num-entries-active-mem-table")
-                .unwrap()
-                .unwrap()
-        };
+        let in_memtable = || int_property(&engine, "rocksdb.num-entries-active-mem-table");
         let commit = |batch: u64| {
             let mut b = WriteBatch::new();
             b.put(keys::meta_key(&format!("commit/{batch}")), vec![1]);
