@@ -381,6 +381,62 @@ fn list_clear_then_append_in_one_batch(mut fx: Fixture) {
     }
 }
 
+/// Lists under appends, clears, TTL cleanups (which remove elements at a list's end too),
+/// commits and reopens: the elements are always the model's, in order. An element appended
+/// must never land on a sequence still held, nor be removed by the TTL index entry of one
+/// that was (a clear restarts the sequence at 0 and leaves the index entries behind).
+fn lists_match_a_model_under_random_operations(mut fx: Fixture) {
+    let mut next = random();
+    let keys: [&[u8]; 2] = [b"a", b"b"];
+    let mut model: [Vec<(String, Option<i64>)>; 2] = Default::default();
+    let mut now = 0;
+    let mut txn = Some(fx.cp().txn(0));
+    for step in 0..1_500 {
+        let k = next(2) as usize;
+        let t = txn.as_mut().unwrap();
+        match next(100) {
+            0..=54 => {
+                let values: Vec<(String, Option<i64>)> = (0..1 + next(3))
+                    .map(|i| {
+                        let expiry = (next(2) == 0).then(|| now + 1 + next(6) as i64);
+                        (format!("{step}.{i}"), expiry)
+                    })
+                    .collect();
+                let stored = values
+                    .iter()
+                    .map(|(p, e)| match e {
+                        Some(e) => vt(p, *e),
+                        None => v(p),
+                    })
+                    .collect();
+                t.list_append(1, keys[k], stored).unwrap();
+                model[k].extend(values);
+            }
+            55..=59 => {
+                t.list_clear(1, keys[k]).unwrap();
+                model[k].clear();
+            }
+            60..=74 => {
+                now += next(3) as i64;
+                t.ttl_cleanup(now).unwrap();
+                for m in &mut model {
+                    m.retain(|(_, e)| e.is_none_or(|e| e > now));
+                }
+            }
+            75..=94 => fx.commit(vec![txn.take().unwrap()]),
+            _ => {
+                fx.commit(vec![txn.take().unwrap()]);
+                fx.reopen();
+            }
+        }
+        let t = txn.get_or_insert_with(|| fx.cp().txn(0));
+        for (key, m) in keys.iter().zip(&model) {
+            let expected: Vec<&str> = m.iter().map(|(p, _)| p.as_str()).collect();
+            assert_eq!(list_all(t, 1, key), expected, "step {step}");
+        }
+    }
+}
+
 /// A 200k-element list reads page by page, each page touching only about a page of entries.
 fn large_list_is_read_in_bounded_pages(fx: Fixture) {
     const LEN: usize = 200_000;
@@ -493,14 +549,19 @@ fn map_clear_then_put_in_one_batch(mut fx: Fixture) {
 }
 
 /// Random map operations with commits in between, checked against a `BTreeMap` model.
-fn map_matches_a_model_under_random_operations(fx: Fixture) {
+/// A deterministic pseudo-random source (xorshift): `next(n)` is in `0..n`.
+fn random() -> impl FnMut(u64) -> u64 {
     let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
-    let mut next = move |n: u64| {
+    move |n: u64| {
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;
         rng % n
-    };
+    }
+}
+
+fn map_matches_a_model_under_random_operations(fx: Fixture) {
+    let mut next = random();
     let mut model: BTreeMap<Vec<u8>, StoredValue> = BTreeMap::new();
     let mut txn = fx.cp().txn(0);
     for step in 0..4_000 {
@@ -1473,6 +1534,7 @@ conformance!(
     list_append_put_and_clear,
     list_pages_resume_after_a_sequence,
     list_clear_then_append_in_one_batch,
+    lists_match_a_model_under_random_operations,
     large_list_is_read_in_bounded_pages,
     map_put_get_remove_and_page,
     map_clear_then_put_in_one_batch,
