@@ -548,7 +548,6 @@ fn map_clear_then_put_in_one_batch(mut fx: Fixture) {
     }
 }
 
-/// Random map operations with commits in between, checked against a `BTreeMap` model.
 /// A deterministic pseudo-random source (xorshift): `next(n)` is in `0..n`.
 fn random() -> impl FnMut(u64) -> u64 {
     let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
@@ -560,6 +559,7 @@ fn random() -> impl FnMut(u64) -> u64 {
     }
 }
 
+/// Random map operations with commits in between, checked against a `BTreeMap` model.
 fn map_matches_a_model_under_random_operations(fx: Fixture) {
     let mut next = random();
     let mut model: BTreeMap<Vec<u8>, StoredValue> = BTreeMap::new();
