@@ -141,6 +141,10 @@ impl Context<'_> {
         txn.set_time_floor(self.time_floor);
         // Reads hide, and writes expire against, the same clock timers fire against.
         txn.set_ttl_clock(self.clock());
+        // The state the calls will read, read in one go where it is not in memory.
+        if let Err(e) = txn.read_ahead(input.groups.iter().map(|g| g.key.as_bytes())) {
+            return (partition, Some(instance), Err(Failure::Store(e)));
+        }
         let mut batch = PartitionBatch::new(txn, self.times);
         instance.start_batch();
         let mut counts = Counts::default();

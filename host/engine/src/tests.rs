@@ -2,6 +2,7 @@
 //! durable and re-run as planned, a failed batch commits nothing, timers fire against the
 //! batch clock and are deleted, TTL hides and then removes state.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -262,6 +263,64 @@ fn native_counter_counts_across_batches_and_restarts() {
     counts.sort_by_key(|r| r.to_string());
     let values: Vec<&Value> = counts.iter().map(|r| &r["value"]).collect();
     assert_eq!(values, [&json!(3), &json!(1)], "{counts:?}");
+}
+
+/// With a state cache far too small for the state, each batch reads its keys' state ahead
+/// from RocksDB (learned from the batch before); the counts, lists and maps come out as
+/// they would with everything cached.
+#[test]
+fn state_beyond_the_state_cache_is_read_ahead_and_counts_the_same() {
+    let dirs = Dirs::new();
+    let key = |i: usize| format!("k{i}");
+    // Three batches over overlapping ranges of keys, some keys twice in a batch.
+    let batches: [Vec<usize>; 3] = [
+        (0..600).chain(0..100).collect(),
+        (0..400).chain(300..400).collect(),
+        (200..900).collect(),
+    ];
+    let mut options = dirs.options(TimeMode::None);
+    options.state_cache_bytes = Some(16 << 10);
+    options.max_files_per_batch = 1;
+    for (b, keys) in batches.iter().enumerate() {
+        let names: Vec<String> = keys.iter().map(|&i| key(i)).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        dirs.add_input(&format!("{b}.jsonl"), &names);
+    }
+    let mut query = Query::open(options, Arc::new(NativeCounter::new())).unwrap();
+    assert_eq!(query.run_available(|_| {}).unwrap().len(), 3);
+    drop(query);
+
+    // Per key: its total count and the size of each batch it was in.
+    let mut expected: BTreeMap<String, (i64, Vec<i64>)> = BTreeMap::new();
+    for keys in &batches {
+        let mut sizes: BTreeMap<usize, i64> = BTreeMap::new();
+        for &i in keys {
+            *sizes.entry(i).or_default() += 1;
+        }
+        for (i, n) in sizes {
+            let e = expected
+                .entry(json!({"k": key(i)}).to_string())
+                .or_default();
+            e.0 += n;
+            e.1.push(n);
+        }
+    }
+    let by_key = |var: &str, field: &str| -> BTreeMap<String, Value> {
+        state(&dirs.checkpoint, var)
+            .into_iter()
+            .map(|r| (r["key"].to_string(), r[field].clone()))
+            .collect()
+    };
+    let counts = by_key("count", "value");
+    let lists = by_key("batchCounts", "list_value");
+    let stats = by_key("stats", "map_value");
+    assert_eq!(counts.len(), expected.len());
+    for (k, (total, sizes)) in &expected {
+        assert_eq!(counts[k], json!(total), "count of {k}");
+        assert_eq!(lists[k], json!(sizes), "batchCounts of {k}");
+        let calls = json!({r#"{"name":"calls"}"#: {"count": sizes.len()}});
+        assert_eq!(stats[k], calls, "stats of {k}");
+    }
 }
 
 #[test]

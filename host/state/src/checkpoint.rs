@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
+use crate::ahead::Shapes;
 use crate::cache::{CachedEngine, SharedCacheBudget};
 use crate::changelog::ChangeStats;
 use crate::engine::{KvEngine, ScanFn, WriteBatch, WriteOp};
@@ -48,6 +49,9 @@ pub struct Checkpoint {
     /// The snapshot being taken on a thread of its own, if one is (see
     /// [`snapshot_in_background`](Self::snapshot_in_background)); shared by the clones.
     snapshotting: Arc<Mutex<Option<JoinHandle<()>>>>,
+    /// The per-key reads its batches make, learned by one batch for the next (see
+    /// [`crate::ahead`]); shared by the clones.
+    read_shapes: Shapes,
 }
 
 /// Per state key, its stored bytes at an earlier batch (`None`: absent then), overriding the
@@ -274,6 +278,7 @@ impl Checkpoint {
             engine,
             spare: Spare::default(),
             snapshotting: Arc::default(),
+            read_shapes: Shapes::default(),
         }
     }
 
@@ -558,7 +563,11 @@ impl Checkpoint {
     /// A new transaction for one partition of the batch being run: an in-memory overlay
     /// over the committed state with read-your-writes.
     pub fn txn(&self, partition: Partition) -> PartitionTxn {
-        PartitionTxn::new(Arc::clone(&self.engine), partition)
+        PartitionTxn::new(
+            Arc::clone(&self.engine),
+            partition,
+            self.read_shapes.clone(),
+        )
     }
 
     /// Atomically (one fsynced write batch) applies the variable drops, every partition's

@@ -437,6 +437,99 @@ fn lists_match_a_model_under_random_operations(mut fx: Fixture) {
     }
 }
 
+/// Reading a batch's state ahead changes no answer. One batch's reads teach the next what
+/// to read ahead; that batch then reads, for keys with state, without it, with expired
+/// values, and for keys it writes before reading them, exactly what a batch that did not read
+/// ahead reads. Backends that answer reads from disk read ahead every foreseen read; the one
+/// in memory reads none.
+fn reads_ahead_answer_what_point_reads_find(mut fx: Fixture) {
+    const KEYS: usize = 300;
+    let key = |i: usize| format!("k{i}").into_bytes();
+    let mut txn = fx.cp().txn(0);
+    // Every third key has no state; every fifth value has expired by the batches' clock.
+    for i in (0..KEYS).filter(|i| i % 3 != 2) {
+        let value = format!("v{i}");
+        let value = if i % 5 == 0 {
+            vt(&value, 50)
+        } else {
+            v(&value)
+        };
+        txn.value_put(1, &key(i), value).unwrap();
+        txn.list_append(2, &key(i), vec![v("a"), v("b")]).unwrap();
+        if i % 2 == 0 {
+            txn.map_put(3, &key(i), b"calls", v(&format!("c{i}")))
+                .unwrap();
+        }
+    }
+    fx.commit(vec![txn]);
+    fx.reopen();
+
+    // What the counter does per key, after writing every seventh key's value first.
+    let batch = |txn: &mut PartitionTxn| -> Vec<String> {
+        txn.set_ttl_clock(Some(100));
+        let shown = |v: Option<StoredValue>| v.map(|v| String::from_utf8(v.payload).unwrap());
+        (0..KEYS + 50)
+            .map(|i| {
+                let k = key(i);
+                if i % 7 == 0 {
+                    txn.value_put(1, &k, v("new")).unwrap();
+                }
+                let value = shown(txn.value_get(1, &k).unwrap());
+                let call = shown(txn.map_get(3, &k, b"calls").unwrap());
+                txn.list_append(2, &k, vec![v("x")]).unwrap();
+                let list = list_all(txn, 2, &k).join(",");
+                format!("{i}: {value:?} {call:?} {list}")
+            })
+            .collect()
+    };
+    let expected: Vec<String> = (0..KEYS + 50)
+        .map(|i| {
+            let stored = i < KEYS && i % 3 != 2;
+            let value = if i % 7 == 0 {
+                Some("new".to_owned())
+            } else {
+                (stored && i % 5 != 0).then(|| format!("v{i}"))
+            };
+            let call = (stored && i % 2 == 0).then(|| format!("c{i}"));
+            let list = if stored { "a,b,x" } else { "x" };
+            format!("{i}: {value:?} {call:?} {list}")
+        })
+        .collect();
+
+    // A checkpoint just opened has learned nothing to read ahead.
+    let mut first = fx.cp().txn(0);
+    first
+        .read_ahead(
+            (0..KEYS)
+                .map(key)
+                .collect::<Vec<_>>()
+                .iter()
+                .map(Vec::as_slice),
+        )
+        .unwrap();
+    assert_eq!(first.read_ahead_len(), 0);
+    assert_eq!(batch(&mut first), expected);
+    // Sealed, it hands what it read to the next; not committed.
+    first.seal();
+
+    let grouping: Vec<Vec<u8>> = (0..KEYS + 50).map(key).collect();
+    let mut ahead = fx.cp().txn(0);
+    ahead
+        .read_ahead(grouping.iter().map(Vec::as_slice))
+        .unwrap();
+    let read = ahead.read_ahead_len();
+    if fx.dir.is_some() {
+        // The value, the map entry and the list's length of every key, with state or not,
+        // less what the state cache (if any) still held.
+        assert!(read > (KEYS + 50) * 2, "read ahead {read}");
+    } else {
+        assert_eq!(read, 0, "a backend in memory reads nothing ahead");
+    }
+    assert_eq!(batch(&mut ahead), expected);
+    let mut plain = fx.cp().txn(0);
+    assert_eq!(batch(&mut plain), expected);
+}
+
 /// A 200k-element list reads page by page, each page touching only about a page of entries.
 fn large_list_is_read_in_bounded_pages(fx: Fixture) {
     const LEN: usize = 200_000;
@@ -1560,6 +1653,7 @@ conformance!(
     changelog_keeps_the_last_batches_only,
     changelog_before_images_rebuild_every_earlier_batch,
     get_many_reads_keys_in_order_across_chunks,
+    reads_ahead_answer_what_point_reads_find,
     last_key_in_finds_the_greatest_key_of_a_range,
     reserving_room_is_a_hint,
 );

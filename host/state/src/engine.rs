@@ -52,6 +52,16 @@ pub trait KvEngine: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Reads ahead: calls `f` with the index and stored value (if any) of each of `keys`
+    /// that a point read would not answer from memory, in any order, reading them together
+    /// (on RocksDB, sorted and batched). Keys a backend would answer from memory are left
+    /// out, so the caller keeps no copy of them. The default reads none (a backend held in
+    /// memory).
+    fn read_ahead(&self, keys: &[&[u8]], f: &mut GetManyFn<'_>) -> Result<()> {
+        let _ = (keys, f);
+        Ok(())
+    }
+
     /// Calls `f` for every entry with `start <= key < end`, in ascending key order, until `f`
     /// returns `false`. Memory use is bounded regardless of how many entries the range holds.
     fn scan(&self, start: &[u8], end: &[u8], f: &mut ScanFn<'_>) -> Result<()>;

@@ -16,6 +16,8 @@
 //! - `rocks` / `mem`: the RocksDB and in-memory backends; [`cache`]: a bounded cache of
 //!   committed point reads in front of either. `ingest`: RocksDB's large writes (a batch's
 //!   commit) as table files added in one atomic ingestion instead of a write batch.
+//!   `ahead`: a batch's per-key reads, learned from the batch before, read ahead in key
+//!   order where the cache does not hold them.
 //! - `checkpoint` / `txn`: the public [`Checkpoint`] and [`PartitionTxn`].
 //! - [`changelog`]: the per-batch change log codec.
 //! - `overlay`: the overlay's building blocks (inline byte keys, per-prefix hash map,
@@ -25,6 +27,7 @@
 //! built by [`Checkpoint::commit`] or [`Checkpoint::put_meta_sync`]; a [`PartitionTxn`] only
 //! ever reads the backend.
 
+mod ahead;
 pub mod cache;
 pub mod catalog;
 pub mod changelog;

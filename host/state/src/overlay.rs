@@ -184,6 +184,11 @@ impl<V: Default> PrefixMap<V> {
         self.table.is_empty()
     }
 
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.table.len()
+    }
+
     #[inline]
     pub(crate) fn get(&self, key: &[u8]) -> Option<&V> {
         let hash = self.hasher.hash_one(key);

@@ -368,6 +368,17 @@ impl KvEngine for RocksEngine {
         Ok(())
     }
 
+    fn read_ahead(&self, keys: &[&[u8]], f: &mut GetManyFn<'_>) -> Result<()> {
+        // In key order, consecutive keys in one block share its lookup.
+        if keys.windows(2).all(|w| w[0] < w[1]) {
+            return self.get_many(keys, f);
+        }
+        let mut order: Vec<usize> = (0..keys.len()).collect();
+        order.sort_unstable_by_key(|&i| keys[i]);
+        let sorted: Vec<&[u8]> = order.iter().map(|&i| keys[i]).collect();
+        self.get_many(&sorted, &mut |j, v| f(order[j], v))
+    }
+
     fn scan(&self, start: &[u8], end: &[u8], f: &mut ScanFn<'_>) -> Result<()> {
         if start >= end {
             return Ok(());

@@ -36,6 +36,7 @@ use std::fmt;
 use std::ops::Bound::{self, Excluded, Included, Unbounded};
 use std::sync::Arc;
 
+use crate::ahead::{Ahead, Shapes};
 use crate::changelog;
 use crate::engine::{KvEngine, ScanFn, WriteOp};
 use crate::keys::{self, check_key};
@@ -74,6 +75,9 @@ pub struct PartitionTxn {
     /// the before-images the change log needs of the ones it then writes, known without
     /// reading them again at [`Self::seal`].
     reads: RefCell<Reads>,
+    /// Committed state read ahead for the batch's keys, and the shapes of its reads learned
+    /// for the next batch (see [`crate::ahead`]).
+    ahead: RefCell<Ahead>,
 }
 
 /// Bytes [`Reads`] may hold per transaction, its list's spare room aside (at most as much
@@ -147,7 +151,7 @@ struct Sealed {
 }
 
 impl PartitionTxn {
-    pub(crate) fn new(engine: Arc<dyn KvEngine>, partition: Partition) -> Self {
+    pub(crate) fn new(engine: Arc<dyn KvEngine>, partition: Partition, shapes: Shapes) -> Self {
         Self {
             engine,
             partition,
@@ -157,6 +161,7 @@ impl PartitionTxn {
             sealed: None,
             scratch: RefCell::new(Vec::with_capacity(64)),
             reads: RefCell::default(),
+            ahead: RefCell::new(Ahead::new(shapes)),
         }
     }
 
@@ -327,7 +332,12 @@ impl PartitionTxn {
             None => {
                 // The metadata key differs from the prefix in its namespace byte only.
                 k[0] = keys::LIST_META;
-                let next = read_with(&*self.engine, k, decode_next_seq);
+                let ahead = self.ahead.get_mut();
+                ahead.note(k);
+                let next = match ahead.get(k) {
+                    Some(found) => found.map(decode_next_seq).transpose(),
+                    None => read_with(&*self.engine, k, decode_next_seq),
+                };
                 k[0] = keys::LIST;
                 let next = next?.unwrap_or(0);
                 list.committed_next = Some(next);
@@ -655,6 +665,21 @@ impl PartitionTxn {
         Ok(removed)
     }
 
+    /// Reads ahead, for each of the batch's grouping keys `keys` (in the order they will be
+    /// called), the committed state the batches before read for theirs, where the backend
+    /// would not answer it from memory (see [`crate::ahead`]). Call it before the batch's
+    /// first read; the reads then find it without a trip to the backend each.
+    pub fn read_ahead<'k>(&mut self, keys: impl Iterator<Item = &'k [u8]>) -> Result<()> {
+        self.check_open();
+        self.ahead.get_mut().read(&*self.engine, keys)
+    }
+
+    /// Reads [`Self::read_ahead`] keeps.
+    #[cfg(test)]
+    pub(crate) fn read_ahead_len(&self) -> usize {
+        self.ahead.borrow().len()
+    }
+
     /// Makes room for writes to `keys` grouping keys' state, `vars_per_key` variables each,
     /// when the caller knows about how many the batch will write: buffering them then does
     /// not grow (and rehash) the write buffer again and again as the batch goes. The room
@@ -688,6 +713,7 @@ impl PartitionTxn {
     /// longer readable.
     pub fn seal(&mut self) {
         if self.sealed.is_none() {
+            self.ahead.get_mut().finish();
             let overlay = std::mem::take(&mut self.overlay);
             let point_writes = overlay.writes;
             let new_timers_from = if overlay.timers.is_empty() {
@@ -795,6 +821,7 @@ impl PartitionTxn {
 
     /// The live committed value at `key`.
     fn get_committed(&self, key: &[u8]) -> Result<Option<StoredValue>> {
+        self.ahead.borrow_mut().note(key);
         let clock = self.ttl_clock;
         let found = self.read_committed(key, |v| {
             let header = Header::decode(v)?;
@@ -811,10 +838,14 @@ impl PartitionTxn {
         key: &[u8],
         f: impl FnOnce(&[u8]) -> Result<R>,
     ) -> Result<Option<R>> {
-        let found = read_with(&*self.engine, key, |v| {
+        let keep = |v: &[u8]| {
             self.reads.borrow_mut().keep(key, Some(v));
             f(v)
-        })?;
+        };
+        let found = match self.ahead.borrow().get(key) {
+            Some(found) => found.map(keep).transpose(),
+            None => read_with(&*self.engine, key, keep),
+        }?;
         if found.is_none() {
             self.reads.borrow_mut().keep(key, None);
         }

@@ -1,0 +1,266 @@
+//! Reading a batch's committed state ahead, all at once and in key order.
+//!
+//! A processor reads the same few entries of every grouping key it is called for: the
+//! counter reads its value, its list's length and one map entry. Once state outgrows the
+//! state cache, each of those reads that misses the cache is a point read of RocksDB that
+//! finds its block in the block cache (or reads it), decompresses it, and searches it, only
+//! for the next read of another key to do the same for another block. Read together and in
+//! key order (RocksDB's batched `MultiGet`), the reads of a batch's keys share those steps:
+//! a block is found once for all the keys it holds.
+//!
+//! - **What to read** is learned, not declared: a transaction notes the shape of the first
+//!   point reads of committed state it makes (namespace and variable, then whatever follows
+//!   the grouping key, e.g. a map entry's user key), and the checkpoint's later transactions
+//!   read those shapes for each of their grouping keys before the first call. A shape a key
+//!   does not use costs one read that finds nothing; a read no shape foresaw is made when
+//!   it comes, as before.
+//! - **Only what memory cannot answer**: the backend reads ahead just the keys a point read
+//!   would not find in memory ([`KvEngine::read_ahead`]: the state cache leaves out what it
+//!   holds, a backend in memory reads nothing). A sample of the first keys goes first; when
+//!   nearly all of it is in memory, the rest is not looked at.
+//! - **Bounded**: at most [`AHEAD_LIMIT`] bytes per transaction; keys past it are read when
+//!   the processor asks for them. Freed when the transaction is sealed.
+//! - **Exact**: nothing commits to a checkpoint while one of its batches runs, so what was
+//!   read ahead is what a read during the batch would find. The transaction's own writes
+//!   are in its overlay, which every read consults first.
+
+use std::cell::Cell;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::Result;
+use crate::engine::KvEngine;
+use crate::keys;
+use crate::overlay::{PrefixMap, SmallBytes};
+
+/// Distinct shapes a transaction learns at most.
+const MAX_SHAPES: usize = 8;
+
+/// Point reads a transaction looks at to learn shapes: the first few keys' worth.
+const LEARN_READS: u32 = 64;
+
+/// Reads made first as a sample (see [`Ahead::read`]).
+const SAMPLE_READS: usize = 1024;
+
+/// Fewer than one in this many of the sample's reads answered: the rest is not read ahead.
+const SAMPLE_MISSES: usize = 16;
+
+/// Bytes the answers read ahead may take per transaction (see [`Ahead::cost`]). Each
+/// worker holds one partition's until its batch ends, beside the batch's input and overlay.
+pub(crate) const AHEAD_LIMIT: usize = 128 << 20;
+
+/// One kind of per-key point read: `[ns][var]`, then the grouping key with its length,
+/// then `suffix`.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Shape {
+    head: [u8; 5],
+    suffix: SmallBytes,
+}
+
+impl Shape {
+    /// The shape of `key`, if it is a point read of value state, a list's length or a map
+    /// entry.
+    fn of(key: &[u8]) -> Option<Self> {
+        if !matches!(
+            key.first(),
+            Some(&(keys::VALUE | keys::LIST_META | keys::MAP))
+        ) {
+            return None;
+        }
+        let head: [u8; 5] = key.get(..5)?.try_into().ok()?;
+        let len = u32::from_be_bytes(key.get(5..9)?.try_into().ok()?) as usize;
+        let suffix = key.get(9usize.checked_add(len)?..)?;
+        Some(Self {
+            head,
+            suffix: SmallBytes::new(suffix),
+        })
+    }
+
+    /// The length of this shape's key for grouping key `key`.
+    fn key_len(&self, key: &[u8]) -> usize {
+        self.head.len() + 4 + key.len() + self.suffix.len()
+    }
+
+    /// Appends this shape's key for grouping key `key`.
+    fn push_key(&self, out: &mut Vec<u8>, key: &[u8]) {
+        out.extend_from_slice(&self.head);
+        out.extend_from_slice(&(key.len() as u32).to_be_bytes());
+        out.extend_from_slice(key);
+        out.extend_from_slice(&self.suffix);
+    }
+}
+
+/// The shapes the last batch to learn any learned, shared by a checkpoint's transactions.
+#[derive(Clone, Default)]
+pub(crate) struct Shapes(Arc<Mutex<Arc<[Shape]>>>);
+
+impl Shapes {
+    fn get(&self) -> Arc<[Shape]> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set(&self, shapes: Vec<Shape>) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = shapes.into();
+    }
+}
+
+/// One transaction's reads ahead: what it learns for the next batch, and what it read for
+/// this one.
+pub(crate) struct Ahead {
+    shapes: Shapes,
+    /// Point reads looked at so far (up to [`LEARN_READS`]).
+    seen: u32,
+    learned: Vec<Shape>,
+    /// Committed bytes (`None`: none) by full key.
+    found: PrefixMap<Option<SmallBytes>>,
+}
+
+impl Ahead {
+    pub(crate) fn new(shapes: Shapes) -> Self {
+        Self {
+            shapes,
+            seen: 0,
+            learned: Vec::new(),
+            found: PrefixMap::default(),
+        }
+    }
+
+    /// Bytes one answer takes besides a long value's heap copy: its table slot (and an
+    /// eighth more for the table's free slots), its control byte, a long key's heap copy;
+    /// and while the read runs, the key in the read's buffer and in its list of keys.
+    fn cost(key_len: usize) -> usize {
+        size_of::<(SmallBytes, Option<SmallBytes>)>() * 9 / 8
+            + 1
+            + SmallBytes::heap_len(key_len)
+            + key_len
+            + size_of::<usize>()
+            + size_of::<&[u8]>()
+    }
+
+    /// Notes a point read of committed state at `key`, while learning.
+    #[inline]
+    pub(crate) fn note(&mut self, key: &[u8]) {
+        if self.seen >= LEARN_READS {
+            return;
+        }
+        self.seen += 1;
+        if let Some(shape) = Shape::of(key)
+            && self.learned.len() < MAX_SHAPES
+            && !self.learned.contains(&shape)
+        {
+            self.learned.push(shape);
+        }
+    }
+
+    /// Ends the batch's reads: frees what was read ahead, and hands what this transaction
+    /// learned to the checkpoint's next transactions, if it learned anything (a batch that
+    /// read nothing committed leaves the last shapes).
+    pub(crate) fn finish(&mut self) {
+        self.found = PrefixMap::default();
+        if !self.learned.is_empty() {
+            self.shapes.set(std::mem::take(&mut self.learned));
+        }
+    }
+
+    /// Reads kept.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.found.len()
+    }
+
+    /// What was read ahead at `key`: `Some(None)` when it was read and found nothing,
+    /// `None` when it was not read ahead.
+    #[inline]
+    pub(crate) fn get(&self, key: &[u8]) -> Option<Option<&[u8]>> {
+        if self.found.is_empty() {
+            return None;
+        }
+        self.found.get(key).map(|v| v.as_deref())
+    }
+
+    /// Reads ahead the learned shapes for each of `grouping_keys` (in the order they will
+    /// be called) that the backend cannot answer from memory. Replaces what an earlier call
+    /// read.
+    ///
+    /// The first few keys go first, as a sample: when the backend answers nearly all of
+    /// them from memory (the whole state is cached), the rest is not looked at, and the
+    /// batch pays for a few hundred lookups only.
+    pub(crate) fn read<'k>(
+        &mut self,
+        engine: &dyn KvEngine,
+        grouping_keys: impl Iterator<Item = &'k [u8]>,
+    ) -> Result<()> {
+        self.found = PrefixMap::default();
+        let mut shapes = self.shapes.get().to_vec();
+        if shapes.is_empty() {
+            return Ok(());
+        }
+        // The store's order: by namespace and variable first.
+        shapes.sort_unstable_by(|a, b| (a.head, &*a.suffix).cmp(&(b.head, &*b.suffix)));
+        // Keys are charged as they are taken, values as they arrive.
+        let room = Cell::new(AHEAD_LIMIT);
+        let mut grouping_keys = grouping_keys.take_while(|key| {
+            let cost: usize = shapes.iter().map(|s| Self::cost(s.key_len(key))).sum();
+            let left = room.get().checked_sub(cost);
+            room.set(left.unwrap_or(0));
+            left.is_some()
+        });
+        let sample: Vec<&[u8]> = grouping_keys
+            .by_ref()
+            .take(SAMPLE_READS.div_ceil(shapes.len()))
+            .collect();
+        let asked = sample.len() * shapes.len();
+        let answered = self.read_keys(engine, &shapes, &sample, &room)?;
+        if sample.is_empty() || answered * SAMPLE_MISSES < asked {
+            return Ok(());
+        }
+        let mut rest: Vec<&[u8]> = grouping_keys.collect();
+        // Sorted as the layout orders grouping keys (by length first): consecutive reads of
+        // one shape then go to consecutive keys of the store.
+        rest.sort_unstable_by(|a, b| a.len().cmp(&b.len()).then_with(|| a.cmp(b)));
+        // Room for as many answers per key as the sample had, made once.
+        self.found.reserve(rest.len() * answered / sample.len());
+        self.read_keys(engine, &shapes, &rest, &room)?;
+        Ok(())
+    }
+
+    /// Reads ahead `shapes` (sorted) for each of `grouping_keys`, shape by shape, keeping
+    /// what the backend answers while `room` lasts. Returns how many keys it answered.
+    fn read_keys(
+        &mut self,
+        engine: &dyn KvEngine,
+        shapes: &[Shape],
+        grouping_keys: &[&[u8]],
+        room: &Cell<usize>,
+    ) -> Result<usize> {
+        // Every key in one buffer, not an allocation each.
+        let mut buf = Vec::new();
+        let mut ends = Vec::with_capacity(grouping_keys.len() * shapes.len());
+        for shape in shapes {
+            for key in grouping_keys {
+                shape.push_key(&mut buf, key);
+                ends.push(buf.len());
+            }
+        }
+        let mut keys = Vec::with_capacity(ends.len());
+        let mut start = 0;
+        for &end in &ends {
+            keys.push(&buf[start..end]);
+            start = end;
+        }
+        let found = &mut self.found;
+        let mut answered = 0;
+        engine.read_ahead(&keys, &mut |i, v| {
+            answered += 1;
+            let heap = SmallBytes::heap_len(v.map_or(0, <[u8]>::len));
+            if let Some(left) = room.get().checked_sub(heap) {
+                room.set(left);
+                *found.get_or_default(keys[i]) = v.map(SmallBytes::new);
+            }
+            Ok(())
+        })?;
+        Ok(answered)
+    }
+}
