@@ -11,9 +11,10 @@
 //! - **What to read** is learned, not declared: a transaction notes the shape of the first
 //!   point reads of committed state it makes (namespace and variable, then whatever follows
 //!   the grouping key, e.g. a map entry's user key), and the checkpoint's later transactions
-//!   read those shapes for each of their grouping keys before the first call. A shape a key
-//!   does not use costs one read that finds nothing; a read no shape foresaw is made when
-//!   it comes, as before.
+//!   read the shapes it read for more than one grouping key for each of their grouping keys
+//!   before the first call. A shape a key does not use costs one read that finds nothing; a
+//!   read no shape foresaw (a map entry named by the key's own rows) is made when it comes,
+//!   as before.
 //! - **Only what memory cannot answer**: the backend reads ahead just the keys a point read
 //!   would not find in memory ([`KvEngine::read_ahead`]: the state cache leaves out what it
 //!   holds, a backend in memory reads nothing). A sample of the first keys goes first; when
@@ -57,9 +58,9 @@ pub(crate) struct Shape {
 }
 
 impl Shape {
-    /// The shape of `key`, if it is a point read of value state, a list's length or a map
-    /// entry.
-    fn of(key: &[u8]) -> Option<Self> {
+    /// The shape of `key` and its grouping key, if it is a point read of value state, a
+    /// list's length or a map entry.
+    fn of(key: &[u8]) -> Option<(Self, &[u8])> {
         if !matches!(
             key.first(),
             Some(&(keys::VALUE | keys::LIST_META | keys::MAP))
@@ -68,11 +69,13 @@ impl Shape {
         }
         let head: [u8; 5] = key.get(..5)?.try_into().ok()?;
         let len = u32::from_be_bytes(key.get(5..9)?.try_into().ok()?) as usize;
-        let suffix = key.get(9usize.checked_add(len)?..)?;
-        Some(Self {
+        let end = 9usize.checked_add(len)?;
+        let grouping = key.get(9..end)?;
+        let shape = Self {
             head,
-            suffix: SmallBytes::new(suffix),
-        })
+            suffix: SmallBytes::new(key.get(end..)?),
+        };
+        Some((shape, grouping))
     }
 
     /// The length of this shape's key for grouping key `key`.
@@ -112,7 +115,9 @@ pub(crate) struct Ahead {
     shapes: Shapes,
     /// Point reads looked at so far (up to [`LEARN_READS`]).
     seen: u32,
-    learned: Vec<Shape>,
+    /// Shapes seen, each with the first grouping key it was seen for, and whether it was
+    /// seen for another key too.
+    learned: Vec<(Shape, SmallBytes, bool)>,
     /// Committed bytes (`None`: none) by full key.
     found: PrefixMap<Option<SmallBytes>>,
 }
@@ -146,21 +151,31 @@ impl Ahead {
             return;
         }
         self.seen += 1;
-        if let Some(shape) = Shape::of(key)
-            && self.learned.len() < MAX_SHAPES
-            && !self.learned.contains(&shape)
-        {
-            self.learned.push(shape);
+        let Some((shape, grouping)) = Shape::of(key) else {
+            return;
+        };
+        let full = self.learned.len() >= MAX_SHAPES;
+        match self.learned.iter_mut().find(|(s, _, _)| *s == shape) {
+            Some((_, first, again)) => *again |= **first != *grouping,
+            None if !full => self.learned.push((shape, SmallBytes::new(grouping), false)),
+            None => {}
         }
     }
 
-    /// Ends the batch's reads: frees what was read ahead, and hands what this transaction
-    /// learned to the checkpoint's next transactions, if it learned anything (a batch that
-    /// read nothing committed leaves the last shapes).
+    /// Ends the batch's reads: frees what was read ahead, and hands the shapes this
+    /// transaction read for more than one grouping key to the checkpoint's next
+    /// transactions. A shape seen for one key only is left out: its suffix may be that
+    /// key's own (a map keyed by the event's id, as `dedup-ttl`'s), which no other key
+    /// reads. A batch that learned nothing (read nothing committed, or one key only) leaves
+    /// the last shapes.
     pub(crate) fn finish(&mut self) {
         self.found = PrefixMap::default();
-        if !self.learned.is_empty() {
-            self.shapes.set(std::mem::take(&mut self.learned));
+        let shapes: Vec<Shape> = std::mem::take(&mut self.learned)
+            .into_iter()
+            .filter_map(|(shape, _, again)| again.then_some(shape))
+            .collect();
+        if !shapes.is_empty() {
+            self.shapes.set(shapes);
         }
     }
 
@@ -262,5 +277,54 @@ impl Ahead {
             Ok(())
         })?;
         Ok(answered)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map_key(var: u32, key: &[u8], user_key: &[u8]) -> Vec<u8> {
+        let mut k = keys::var_key_prefix(keys::MAP, var, key);
+        k.extend_from_slice(user_key);
+        k
+    }
+
+    #[test]
+    fn shapes_read_for_one_grouping_key_only_are_not_learned() {
+        let shapes = Shapes::default();
+        let mut ahead = Ahead::new(shapes.clone());
+        for key in [&b"a"[..], b"b", b"c"] {
+            ahead.note(&keys::var_key_prefix(keys::VALUE, 1, key));
+            // A map entry every key reads, and one named by the key itself.
+            ahead.note(&map_key(2, key, b"calls"));
+            ahead.note(&map_key(3, key, key));
+        }
+        // A timer is no per-key read of state.
+        ahead.note(&keys::timer_by_key(b"a", 5));
+        ahead.finish();
+        let learned: Vec<Vec<u8>> = shapes
+            .get()
+            .iter()
+            .map(|s| {
+                let mut k = Vec::new();
+                s.push_key(&mut k, b"z");
+                k
+            })
+            .collect();
+        assert_eq!(
+            learned,
+            [
+                keys::var_key_prefix(keys::VALUE, 1, b"z"),
+                map_key(2, b"z", b"calls")
+            ]
+        );
+
+        // A batch that read for one key only leaves what the last one learned.
+        let mut one = Ahead::new(shapes.clone());
+        one.note(&keys::var_key_prefix(keys::VALUE, 7, b"a"));
+        one.note(&keys::var_key_prefix(keys::VALUE, 7, b"a"));
+        one.finish();
+        assert_eq!(shapes.get().len(), 2);
     }
 }
