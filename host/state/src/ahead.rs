@@ -28,10 +28,10 @@
 use std::cell::Cell;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::Result;
 use crate::engine::KvEngine;
 use crate::keys;
 use crate::overlay::{PrefixMap, SmallBytes};
+use crate::{Result, VarId};
 
 /// Distinct shapes a transaction learns at most.
 const MAX_SHAPES: usize = 8;
@@ -53,7 +53,8 @@ pub(crate) const AHEAD_LIMIT: usize = 128 << 20;
 /// then `suffix`.
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) struct Shape {
-    head: [u8; 5],
+    ns: u8,
+    var: VarId,
     suffix: SmallBytes,
 }
 
@@ -61,34 +62,23 @@ impl Shape {
     /// The shape of `key` and its grouping key, if it is a point read of value state, a
     /// list's length or a map entry.
     fn of(key: &[u8]) -> Option<(Self, &[u8])> {
-        if !matches!(
-            key.first(),
-            Some(&(keys::VALUE | keys::LIST_META | keys::MAP))
-        ) {
+        let ns = *key.first()?;
+        if !matches!(ns, keys::VALUE | keys::LIST_META | keys::MAP) {
             return None;
         }
-        let head: [u8; 5] = key.get(..5)?.try_into().ok()?;
-        let len = u32::from_be_bytes(key.get(5..9)?.try_into().ok()?) as usize;
-        let end = 9usize.checked_add(len)?;
-        let grouping = key.get(9..end)?;
-        let shape = Self {
-            head,
-            suffix: SmallBytes::new(key.get(end..)?),
-        };
-        Some((shape, grouping))
+        let (var, grouping, suffix) = keys::decode_var_key(ns, key).ok()?;
+        let suffix = SmallBytes::new(suffix);
+        Some((Self { ns, var, suffix }, grouping))
     }
 
     /// The length of this shape's key for grouping key `key`.
     fn key_len(&self, key: &[u8]) -> usize {
-        self.head.len() + 4 + key.len() + self.suffix.len()
+        keys::VAR_KEY_OVERHEAD + key.len() + self.suffix.len()
     }
 
     /// Appends this shape's key for grouping key `key`.
     fn push_key(&self, out: &mut Vec<u8>, key: &[u8]) {
-        out.extend_from_slice(&self.head);
-        out.extend_from_slice(&(key.len() as u32).to_be_bytes());
-        out.extend_from_slice(key);
-        out.extend_from_slice(&self.suffix);
+        keys::push_var_key(out, self.ns, self.var, key, &self.suffix);
     }
 }
 
@@ -213,7 +203,7 @@ impl Ahead {
             return Ok(());
         }
         // The store's order: by namespace and variable first.
-        shapes.sort_unstable_by(|a, b| (a.head, &*a.suffix).cmp(&(b.head, &*b.suffix)));
+        shapes.sort_unstable_by(|a, b| (a.ns, a.var, &*a.suffix).cmp(&(b.ns, b.var, &*b.suffix)));
         // Keys are charged as they are taken, values as they arrive.
         let room = Cell::new(AHEAD_LIMIT);
         let mut grouping_keys = grouping_keys.take_while(|key| {

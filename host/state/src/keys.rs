@@ -110,10 +110,20 @@ fn push_key(out: &mut Vec<u8>, key: &[u8]) {
 #[inline]
 pub fn var_key_prefix_into(out: &mut Vec<u8>, ns: u8, var: VarId, key: &[u8]) {
     out.clear();
-    out.reserve(1 + 4 + 4 + key.len() + SEQ_LEN);
+    out.reserve(VAR_KEY_OVERHEAD + key.len() + SEQ_LEN);
+    push_var_key(out, ns, var, key, &[]);
+}
+
+/// Bytes a `[ns][var][keylen][key][suffix]` key takes besides its grouping key and suffix.
+pub(crate) const VAR_KEY_OVERHEAD: usize = 1 + 4 + 4;
+
+/// Appends `[ns][var][keylen][key][suffix]`, the inverse of [`decode_var_key`].
+#[inline]
+pub(crate) fn push_var_key(out: &mut Vec<u8>, ns: u8, var: VarId, key: &[u8], suffix: &[u8]) {
     out.push(ns);
     out.extend_from_slice(&var.to_be_bytes());
     push_key(out, key);
+    out.extend_from_slice(suffix);
 }
 
 /// `[ns][var][keylen][key]`: the prefix of one grouping key's entries of one variable.

@@ -334,10 +334,7 @@ impl PartitionTxn {
                 k[0] = keys::LIST_META;
                 let ahead = self.ahead.get_mut();
                 ahead.note(k);
-                let next = match ahead.get(k) {
-                    Some(found) => found.map(decode_next_seq).transpose(),
-                    None => read_with(&*self.engine, k, decode_next_seq),
-                };
+                let next = read_ahead_or_with(&*self.engine, ahead, k, decode_next_seq);
                 k[0] = keys::LIST;
                 let next = next?.unwrap_or(0);
                 list.committed_next = Some(next);
@@ -842,10 +839,7 @@ impl PartitionTxn {
             self.reads.borrow_mut().keep(key, Some(v));
             f(v)
         };
-        let found = match self.ahead.borrow().get(key) {
-            Some(found) => found.map(keep).transpose(),
-            None => read_with(&*self.engine, key, keep),
-        }?;
+        let found = read_ahead_or_with(&*self.engine, &self.ahead.borrow(), key, keep)?;
         if found.is_none() {
             self.reads.borrow_mut().keep(key, None);
         }
@@ -1160,6 +1154,20 @@ fn read_with<R>(
         Ok(())
     })?;
     Ok(out)
+}
+
+/// Applies `f` to the committed bytes at `key`: what was read ahead for it, if it was,
+/// else what the engine has.
+fn read_ahead_or_with<R>(
+    engine: &dyn KvEngine,
+    ahead: &Ahead,
+    key: &[u8],
+    f: impl FnOnce(&[u8]) -> Result<R>,
+) -> Result<Option<R>> {
+    match ahead.get(key) {
+        Some(found) => found.map(f).transpose(),
+        None => read_with(engine, key, f),
+    }
 }
 
 /// Bytes a change log entry adds to its key and values (lengths and tags).
