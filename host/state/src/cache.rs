@@ -88,86 +88,123 @@ fn range_may_hold_cached(start: &[u8], end: &[u8]) -> bool {
 
 /// Key and value bytes kept in the table's own slot up to this length together (value
 /// state, list metadata and small map entries): a hit then touches the slot and nothing else.
-const INLINE: usize = 47;
+/// The slot is one cache line; lengths of one byte each leave it 60 bytes of room.
+const INLINE: usize = 60;
 
-/// `value_len` of a key a commit deleted while it was cached.
+/// The length of an inline value that is absent (see [`Entry`]).
+const ABSENT_INLINE: u8 = u8::MAX;
+
+/// The length of a value on the heap that is absent (see [`Entry`]).
 const ABSENT: u32 = u32::MAX;
 
 /// A cached read: a key and its committed bytes, or no bytes for a key a commit deleted while
-/// it was cached. Key and value share one buffer, inline when short: a lookup used to follow
-/// one pointer to compare the key and another to read the value, each a likely cache miss
-/// once the cache outgrows the CPU's caches.
-struct Entry {
-    bytes: Bytes,
-    key_len: u32,
-    /// The value's length, or [`ABSENT`].
-    value_len: u32,
-    /// Read since the last sweep: survives the next one.
-    referenced: bool,
+/// it was cached. Key and value share one buffer, in the slot when short: a lookup used to
+/// follow one pointer to compare the key and another to read the value, each a likely cache
+/// miss once the cache outgrows the CPU's caches. A value's length is [`ABSENT_INLINE`] or
+/// [`ABSENT`] when the key has no value.
+enum Entry {
+    Inline {
+        /// Read since the last sweep: survives the next one.
+        referenced: bool,
+        key_len: u8,
+        value_len: u8,
+        /// `[key][value]`.
+        buf: [u8; INLINE],
+    },
+    Heap {
+        referenced: bool,
+        key_len: u32,
+        value_len: u32,
+        buf: Box<[u8]>,
+    },
 }
 
 const _: () = assert!(size_of::<Entry>() == 64);
-
-/// `[key][value]`.
-enum Bytes {
-    Inline([u8; INLINE]),
-    Heap(Box<[u8]>),
-}
 
 impl Entry {
     /// `None` if the key or value is too long for the layout's `u32` lengths (nothing a
     /// wasm32 guest can write): such a key is simply not cached.
     fn new(key: &[u8], value: Option<&[u8]>, referenced: bool) -> Option<Self> {
+        let bytes = value.unwrap_or_default();
+        let len = key.len() + bytes.len();
+        if len <= INLINE {
+            let mut buf = [0; INLINE];
+            buf[..key.len()].copy_from_slice(key);
+            buf[key.len()..len].copy_from_slice(bytes);
+            return Some(Self::Inline {
+                referenced,
+                // Both at most `INLINE`, below `ABSENT_INLINE`.
+                key_len: key.len() as u8,
+                value_len: value.map_or(ABSENT_INLINE, |v| v.len() as u8),
+                buf,
+            });
+        }
         let key_len = u32::try_from(key.len()).ok()?;
         let value_len = match value {
             Some(v) => u32::try_from(v.len()).ok().filter(|&n| n != ABSENT)?,
             None => ABSENT,
         };
-        let value = value.unwrap_or_default();
-        let len = key.len() + value.len();
-        let bytes = if len <= INLINE {
-            let mut buf = [0; INLINE];
-            buf[..key.len()].copy_from_slice(key);
-            buf[key.len()..len].copy_from_slice(value);
-            Bytes::Inline(buf)
-        } else {
-            let mut buf = Vec::with_capacity(len);
-            buf.extend_from_slice(key);
-            buf.extend_from_slice(value);
-            Bytes::Heap(buf.into_boxed_slice())
-        };
-        Some(Self {
-            bytes,
+        let mut buf = Vec::with_capacity(len);
+        buf.extend_from_slice(key);
+        buf.extend_from_slice(bytes);
+        Some(Self::Heap {
+            referenced,
             key_len,
             value_len,
-            referenced,
+            buf: buf.into_boxed_slice(),
         })
     }
 
+    /// `[key][value]`, the key's length, and the value's length if it has one.
     #[inline]
-    fn buf(&self) -> &[u8] {
-        match &self.bytes {
-            Bytes::Inline(b) => b,
-            Bytes::Heap(b) => b,
+    fn parts(&self) -> (&[u8], usize, Option<usize>) {
+        match self {
+            Self::Inline {
+                key_len,
+                value_len,
+                buf,
+                ..
+            } => (
+                buf,
+                usize::from(*key_len),
+                (*value_len != ABSENT_INLINE).then_some(usize::from(*value_len)),
+            ),
+            Self::Heap {
+                key_len,
+                value_len,
+                buf,
+                ..
+            } => (
+                buf,
+                *key_len as usize,
+                (*value_len != ABSENT).then_some(*value_len as usize),
+            ),
+        }
+    }
+
+    #[inline]
+    fn referenced(&mut self) -> &mut bool {
+        match self {
+            Self::Inline { referenced, .. } | Self::Heap { referenced, .. } => referenced,
         }
     }
 
     #[inline]
     fn key(&self) -> &[u8] {
-        &self.buf()[..self.key_len as usize]
+        let (buf, key_len, _) = self.parts();
+        &buf[..key_len]
     }
 
     #[inline]
     fn is(&self, key: &[u8]) -> bool {
-        self.key_len as usize == key.len() && self.key() == key
+        let (buf, key_len, _) = self.parts();
+        key_len == key.len() && &buf[..key_len] == key
     }
 
     #[inline]
     fn value(&self) -> Option<&[u8]> {
-        (self.value_len != ABSENT).then(|| {
-            let start = self.key_len as usize;
-            &self.buf()[start..start + self.value_len as usize]
-        })
+        let (buf, key_len, value_len) = self.parts();
+        value_len.map(|n| &buf[key_len..key_len + n])
     }
 
     fn charge(key: &[u8], value: Option<&[u8]>) -> usize {
@@ -248,7 +285,7 @@ impl Shard {
         let entry = found.get_mut();
         let old = entry.charged();
         let kept = if value.is_some() || absence_kept(key) {
-            Entry::new(key, value, entry.referenced)
+            Entry::new(key, value, *entry.referenced())
         } else {
             None
         };
@@ -295,7 +332,7 @@ impl Shard {
                 if bytes <= target {
                     return true;
                 }
-                if std::mem::take(&mut e.referenced) {
+                if std::mem::take(e.referenced()) {
                     return true;
                 }
                 bytes -= e.charged();
@@ -462,7 +499,7 @@ impl<E: KvEngine> CachedEngine<E> {
         }
         match shard.get_mut(key) {
             Some(entry) => {
-                entry.referenced = true;
+                *entry.referenced() = true;
                 match entry.value() {
                     Some(value) => {
                         f(value)?;
@@ -843,6 +880,37 @@ mod tests {
         put(&e, &k, b"v2");
         assert_eq!(e.get(&k).unwrap().as_deref(), Some(&b"v2"[..]));
         assert_eq!(e.cached_bytes(), k.len() + 2 + ENTRY_OVERHEAD);
+    }
+
+    #[test]
+    fn entries_in_the_slot_and_on_the_heap_answer_the_same() {
+        // Key and value lengths around the slot's room (`INLINE`), and values whose length is
+        // the slot's or the heap's absence marker: each is cached when written, answers what
+        // was written, is updated in place across the boundary, and is cached as absent.
+        let key = |i: usize| keys::var_key_prefix(keys::VALUE, 1, format!("k{i:08}").as_bytes());
+        let room = INLINE - key(0).len();
+        let lens = [0, 1, room - 1, room, room + 1, 200, 255, 256];
+        let e = CachedEngine::new(MemEngine::default(), 1 << 24);
+        for (i, &len) in lens.iter().enumerate() {
+            let k = key(i);
+            let v = vec![b'a' + i as u8; len];
+            put(&e, &k, &v);
+            assert!(e.holds(&k), "value of {len} bytes");
+            put(&e.inner, &k, b"behind the cache's back");
+            assert_eq!(e.get(&k).unwrap(), Some(v.clone()), "value of {len} bytes");
+            for &other in &lens {
+                let w = vec![b'z'; other];
+                put(&e, &k, &w);
+                assert_eq!(e.get(&k).unwrap(), Some(w), "{len} then {other} bytes");
+            }
+            let mut b = WriteBatch::new();
+            b.delete(k.clone());
+            e.write(&b).unwrap();
+            assert!(e.holds(&k));
+            assert_eq!(e.get(&k).unwrap(), None, "deleted after {len} bytes");
+        }
+        let cached = lens.len() * (key(0).len() + ENTRY_OVERHEAD);
+        assert_eq!(e.cached_bytes(), cached, "absences charge their key only");
     }
 
     #[test]
