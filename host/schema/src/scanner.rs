@@ -115,6 +115,23 @@ impl RowScanner {
             "one output slot per requested column"
         );
         out.fill(None);
+        if self.fields.is_none() && self.not_struct.is_none() && self.scan_flat(line, out) {
+            for &(from, to) in &self.repeats {
+                out[to] = out[from];
+            }
+            return Ok(());
+        }
+        out.fill(None);
+        self.scan_general(line, out)
+    }
+
+    /// The general scan: serde's parser, with the schema's checks and errors that say what
+    /// is wrong with the row.
+    pub(crate) fn scan_general<'a>(
+        &self,
+        line: &'a str,
+        out: &mut [Option<&'a RawValue>],
+    ) -> Result<(), ValueError> {
         if let Some(ty) = &self.not_struct {
             return Err(ValueError::new(
                 "",
@@ -135,6 +152,164 @@ impl RowScanner {
         }
         Ok(())
     }
+}
+
+/// The fast path of a scanner without a schema, for the rows most inputs are made of: an
+/// object whose member names hold no escapes and name no captured column twice. Values are
+/// checked for JSON's grammar as the general scan checks them (nested ones up to
+/// [`FLAT_DEPTH`] deep). Anything else (an escaped name, a repeated capture, a deeper value,
+/// or any malformed JSON) is left to the general scan, which then finds the same captures or
+/// reports what is wrong: the fast path accepts only rows the general scan accepts, with the
+/// same captures (checked by `tests.rs` on mutated rows).
+impl RowScanner {
+    /// Scans `line` if it is such a row (`true`); `false` leaves it to the general scan,
+    /// with `out` partly written.
+    pub(crate) fn scan_flat<'a>(&self, line: &'a str, out: &mut [Option<&'a RawValue>]) -> bool {
+        let b = line.as_bytes();
+        let mut i = skip_ws(b, 0);
+        if b.get(i) != Some(&b'{') {
+            return false;
+        }
+        i = skip_ws(b, i + 1);
+        if b.get(i) == Some(&b'}') {
+            return skip_ws(b, i + 1) == b.len();
+        }
+        loop {
+            let Some((name_end, false)) = string(b, i) else {
+                return false;
+            };
+            // Without escapes the name is the text between the quotes.
+            let name = &line[i + 1..name_end - 1];
+            i = skip_ws(b, name_end);
+            if b.get(i) != Some(&b':') {
+                return false;
+            }
+            i = skip_ws(b, i + 1);
+            let Some(value_end) = value(b, i, FLAT_DEPTH) else {
+                return false;
+            };
+            let slot = self
+                .entries
+                .iter()
+                .find(|e| e.name == name)
+                .and_then(|e| e.slot);
+            if let Some(slot) = slot {
+                if out[slot].is_some() {
+                    return false;
+                }
+                match serde_json::from_str::<&'a RawValue>(&line[i..value_end]) {
+                    Ok(raw) => out[slot] = Some(raw),
+                    Err(_) => return false,
+                }
+            }
+            i = skip_ws(b, value_end);
+            match b.get(i) {
+                Some(b',') => i = skip_ws(b, i + 1),
+                Some(b'}') => return skip_ws(b, i + 1) == b.len(),
+                _ => return false,
+            }
+        }
+    }
+}
+
+/// How deep the fast path follows arrays and objects inside a row's values.
+const FLAT_DEPTH: usize = 32;
+
+/// The first index at or after `i` that is not JSON whitespace.
+fn skip_ws(b: &[u8], mut i: usize) -> usize {
+    while let Some(b' ' | b'\t' | b'\n' | b'\r') = b.get(i) {
+        i += 1;
+    }
+    i
+}
+
+/// Where a string starting at `i` ends (past its closing quote), and whether it has escapes.
+fn string(b: &[u8], i: usize) -> Option<(usize, bool)> {
+    if b.get(i) != Some(&b'"') {
+        return None;
+    }
+    let (mut j, mut escaped) = (i + 1, false);
+    loop {
+        match *b.get(j)? {
+            b'"' => return Some((j + 1, escaped)),
+            b'\\' => {
+                escaped = true;
+                j += match *b.get(j + 1)? {
+                    b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => 2,
+                    b'u' if b.get(j + 2..j + 6)?.iter().all(u8::is_ascii_hexdigit) => 6,
+                    _ => return None,
+                };
+            }
+            0..0x20 => return None,
+            _ => j += 1,
+        }
+    }
+}
+
+/// Where a JSON value starting at `i` ends, following arrays and objects `depth` deep.
+fn value(b: &[u8], i: usize, depth: usize) -> Option<usize> {
+    match *b.get(i)? {
+        b'"' => string(b, i).map(|(end, _)| end),
+        b'-' | b'0'..=b'9' => number(b, i),
+        b't' => b[i..].starts_with(b"true").then_some(i + 4),
+        b'f' => b[i..].starts_with(b"false").then_some(i + 5),
+        b'n' => b[i..].starts_with(b"null").then_some(i + 4),
+        open @ (b'[' | b'{') if depth > 0 => {
+            let close = if open == b'[' { b']' } else { b'}' };
+            let mut j = skip_ws(b, i + 1);
+            if b.get(j) == Some(&close) {
+                return Some(j + 1);
+            }
+            loop {
+                if open == b'{' {
+                    let (name_end, _) = string(b, j)?;
+                    j = skip_ws(b, name_end);
+                    if b.get(j) != Some(&b':') {
+                        return None;
+                    }
+                    j = skip_ws(b, j + 1);
+                }
+                j = skip_ws(b, value(b, j, depth - 1)?);
+                match *b.get(j)? {
+                    b',' => j = skip_ws(b, j + 1),
+                    c if c == close => return Some(j + 1),
+                    _ => return None,
+                }
+            }
+        }
+        _ => None,
+    }
+}
+
+/// Where a number starting at `i` ends, if it has JSON's grammar:
+/// `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`.
+fn number(b: &[u8], mut i: usize) -> Option<usize> {
+    let digits = |mut j: usize| {
+        let start = j;
+        while b.get(j).is_some_and(u8::is_ascii_digit) {
+            j += 1;
+        }
+        (j > start).then_some(j)
+    };
+    if b[i] == b'-' {
+        i += 1;
+    }
+    i = match b.get(i)? {
+        b'0' => i + 1,
+        b'1'..=b'9' => digits(i)?,
+        _ => return None,
+    };
+    if b.get(i) == Some(&b'.') {
+        i = digits(i + 1)?;
+    }
+    if let Some(b'e' | b'E') = b.get(i) {
+        i += 1;
+        if let Some(b'+' | b'-') = b.get(i) {
+            i += 1;
+        }
+        i = digits(i)?;
+    }
+    Some(i)
 }
 
 struct RowVisitor<'s, 'a, 'o> {

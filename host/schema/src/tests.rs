@@ -1088,3 +1088,72 @@ fn evolve_json_rewrites_values() {
     let e = evolve_json(&old, &new, r#"{"visits":"5"}"#).unwrap_err();
     assert_eq!(e.path, "visits");
 }
+
+/// The scanner's fast path (flat rows, no schema) against its general path, over rows made
+/// by mutating valid ones: each row is accepted by both with the same captures, or rejected
+/// by both with the same error.
+#[test]
+fn scanner_fast_path_agrees_with_the_general_scan() {
+    let scanners = [
+        RowScanner::new(None, cols(&["key", "ts", "key"])),
+        RowScanner::new(None, cols(&["a b", "v"])),
+    ];
+    let seeds = [
+        r#"{"key":"k17","value":42}"#,
+        r#" { "key" : "k1" , "ts" : -0.5e+3 , "v" : true } "#,
+        r#"{"ts":1700000000123,"key":null,"f":false,"s":"x y","e":""}"#,
+        r#"{"a b":1E2,"v":"é\u00e9","key":[1,{"x":2}]}"#,
+        r#"{}"#,
+        r#"{"key":"k","key":"again"}"#,
+        r#"{"ts":{"a":[1,2.5,{"b":null}],"c":[]},"key":"a\"b\\c\u00e9\n","x":[[[]]]}"#,
+        r#"{"key":"k","d":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}"#,
+        r#"{"k\u0065y":"escaped name","v":{}}"#,
+    ];
+    let alphabet: Vec<char> = "\"\\{}[],: \t0123456789-+.eEtrunlfaskvbu/\u{1}\u{1f}\u{7f}é"
+        .chars()
+        .collect();
+    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = |n: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % n as u64) as usize
+    };
+    let (mut fast, mut rows) = (0, 0);
+    for round in 0..40_000 {
+        let mut row: Vec<char> = seeds[round % seeds.len()].chars().collect();
+        for _ in 0..round % 4 {
+            let at = next(row.len() + 1);
+            match next(3) {
+                0 => row.insert(at, alphabet[next(alphabet.len())]),
+                1 if at < row.len() => {
+                    row.remove(at);
+                }
+                _ if at < row.len() => row[at] = alphabet[next(alphabet.len())],
+                _ => {}
+            }
+        }
+        let line: String = row.into_iter().collect();
+        for scanner in &scanners {
+            rows += 1;
+            let n = scanner.columns().len();
+            let mut flat = vec![None; n];
+            fast += usize::from(scanner.scan_flat(&line, &mut flat));
+            let mut general = vec![None; n];
+            let expected = scanner
+                .scan_general(&line, &mut general)
+                .map(|()| texts(general));
+            let got = scanner.scan(&line).map(texts);
+            match (got, expected) {
+                (Ok(a), Ok(b)) => assert_eq!(a, b, "{line}"),
+                (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "{line}"),
+                (a, b) => panic!("{line}: the fast path gave {a:?}, the general scan {b:?}"),
+            }
+        }
+    }
+    // Not vacuous: most unmutated and many mutated rows take the fast path.
+    assert!(fast > rows / 4, "{fast} of {rows} rows took the fast path");
+    let mut out = vec![None; 3];
+    assert!(scanners[0].scan_flat(seeds[0], &mut out));
+    assert_eq!(texts(out), [Some(r#""k17""#), None, None]);
+}
