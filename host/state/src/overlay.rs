@@ -17,6 +17,7 @@ use std::slice;
 
 use hashbrown::DefaultHashBuilder;
 use hashbrown::hash_table::{Entry, HashTable};
+use smallvec::SmallVec;
 
 use crate::Result;
 use crate::engine::{KvEngine, ScanFn};
@@ -236,16 +237,21 @@ impl<V: Default> PrefixMap<V> {
 /// B-tree (so a batch that fills one huge map stays `O(n log n)`).
 const SMALL_MAX: usize = 32;
 
+/// A collection's entries while few: the first in the collection itself. A batch mostly
+/// writes one entry per collection and key (an appended element, a map entry), and reaching it
+/// through a vector of its own cost a cache miss per collection when the batch is sealed.
+pub(crate) type SmallEntries = SmallVec<[(SmallBytes, Slot); 1]>;
+
 /// One collection's buffered writes, by key suffix (after the collection's prefix).
 #[derive(Debug)]
 pub(crate) enum Entries {
-    Small(Vec<(SmallBytes, Slot)>),
+    Small(SmallEntries),
     Large(BTreeMap<SmallBytes, Slot>),
 }
 
 impl Default for Entries {
     fn default() -> Self {
-        Self::Small(Vec::new())
+        Self::Small(SmallEntries::new())
     }
 }
 
@@ -342,7 +348,7 @@ impl Entries {
     }
 
     /// Every entry, ascending, consumed.
-    pub(crate) fn into_sorted(self) -> Vec<(SmallBytes, Slot)> {
+    pub(crate) fn into_sorted(self) -> SmallEntries {
         match self {
             Self::Small(v) => v,
             Self::Large(m) => m.into_iter().collect(),
