@@ -1004,48 +1004,50 @@ impl Overlay {
         let mut ops = Vec::with_capacity(self.writes + 16);
         let mut fresh = Vec::new();
         // One sort serves every namespace: within each, keys order by `[var][keylen][key]`,
-        // then suffix; and no such prefix is a prefix of another.
+        // then suffix; and no such prefix is a prefix of another. One pass over the sorted
+        // buckets writes each namespace's operations to its own vector, appended in
+        // namespace order after it: a list or map is read once, not once per namespace, and
+        // freed while at hand (each read of a collection was a cache miss).
         let mut vars = self.vars.into_sorted();
+        let (mut lists, mut metas, mut maps) = (Vec::new(), Vec::new(), Vec::new());
+        let mut fresh_lists = Vec::new();
         for (hkey, bucket) in &mut vars {
             if let Some(slot) = bucket.value.take() {
                 push_op(&mut ops, state_key(keys::VALUE, hkey, &[]), slot);
             }
-        }
-        for (hkey, bucket) in &mut vars {
-            if let Some(list) = bucket.list.as_deref_mut() {
+            if let Some(mut list) = bucket.list.take() {
                 let new_from = list
                     .committed_next
                     .filter(|_| !list.is_cleared())
                     .map(u64::to_be_bytes);
-                let start = ops.len();
-                coll_ops(&mut ops, keys::LIST, hkey, list);
+                let start = lists.len();
+                coll_ops(&mut lists, keys::LIST, hkey, &mut list);
                 if let Some(new_from) = new_from {
                     // Sequences are fixed-width, so suffix order is sequence order.
                     let first_new = start
-                        + ops[start..]
+                        + lists[start..]
                             .partition_point(|op| op_key(op)[1 + hkey.len()..] < new_from[..]);
-                    fresh.extend(first_new..ops.len());
+                    fresh_lists.extend(first_new..lists.len());
+                }
+                if list.meta_dirty {
+                    let key = state_key(keys::LIST_META, hkey, &[]);
+                    let next = list.next_seq.unwrap_or(0);
+                    push_op(
+                        &mut metas,
+                        key,
+                        (next > 0).then(|| next.to_be_bytes().to_vec()),
+                    );
                 }
             }
-        }
-        for (hkey, bucket) in &vars {
-            if let Some(list) = bucket.list.as_deref()
-                && list.meta_dirty
-            {
-                let key = state_key(keys::LIST_META, hkey, &[]);
-                let next = list.next_seq.unwrap_or(0);
-                push_op(
-                    &mut ops,
-                    key,
-                    (next > 0).then(|| next.to_be_bytes().to_vec()),
-                );
+            if let Some(mut map) = bucket.map.take() {
+                coll_ops(&mut maps, keys::MAP, hkey, &mut map);
             }
         }
-        for (hkey, bucket) in &mut vars {
-            if let Some(map) = bucket.map.as_deref_mut() {
-                coll_ops(&mut ops, keys::MAP, hkey, map);
-            }
-        }
+        let lists_at = ops.len();
+        fresh.extend(fresh_lists.into_iter().map(|i| lists_at + i));
+        ops.append(&mut lists);
+        ops.append(&mut metas);
+        ops.append(&mut maps);
         drop(vars);
         let new_timers_from = new_timers_from.map(keys::encode_i64);
         for (hkey, timers) in &mut self.timers.into_sorted() {
