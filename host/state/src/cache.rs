@@ -884,9 +884,10 @@ mod tests {
 
     #[test]
     fn entries_in_the_slot_and_on_the_heap_answer_the_same() {
-        // Key and value lengths around the slot's room (`INLINE`), and values whose length is
-        // the slot's or the heap's absence marker: each is cached when written, answers what
-        // was written, is updated in place across the boundary, and is cached as absent.
+        // Key and value lengths around the slot's room (`INLINE`), and a value whose length
+        // is the slot's absence marker (255, so held on the heap): each is cached when
+        // written, answers what was written, is updated across the boundary, and is cached
+        // as absent once deleted.
         let key = |i: usize| keys::var_key_prefix(keys::VALUE, 1, format!("k{i:08}").as_bytes());
         let room = INLINE - key(0).len();
         let lens = [0, 1, room - 1, room, room + 1, 200, 255, 256];
