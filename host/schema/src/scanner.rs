@@ -1,6 +1,7 @@
 //! The per-input-row scanner: validation plus capture of selected columns in one pass.
 
 use std::fmt;
+use std::ops::Range;
 
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde_json::value::RawValue;
@@ -166,49 +167,30 @@ impl RowScanner {
     /// with `out` partly written.
     pub(crate) fn scan_flat<'a>(&self, line: &'a str, out: &mut [Option<&'a RawValue>]) -> bool {
         let b = line.as_bytes();
-        let mut i = skip_ws(b, 0);
-        if b.get(i) != Some(&b'{') {
+        let start = skip_ws(b, 0);
+        if b.get(start) != Some(&b'{') {
             return false;
         }
-        i = skip_ws(b, i + 1);
-        if b.get(i) == Some(&b'}') {
-            return skip_ws(b, i + 1) == b.len();
-        }
-        loop {
-            let Some((name_end, false)) = string(b, i) else {
-                return false;
-            };
-            // Without escapes the name is the text between the quotes.
-            let name = &line[i + 1..name_end - 1];
-            i = skip_ws(b, name_end);
-            if b.get(i) != Some(&b':') {
-                return false;
+        let end = container(b, start, FLAT_DEPTH, |name, escaped, value| {
+            if escaped {
+                return None;
             }
-            i = skip_ws(b, i + 1);
-            let Some(value_end) = value(b, i, FLAT_DEPTH) else {
-                return false;
-            };
-            let slot = self
+            let column = &line[name];
+            let Some(slot) = self
                 .entries
                 .iter()
-                .find(|e| e.name == name)
-                .and_then(|e| e.slot);
-            if let Some(slot) = slot {
-                if out[slot].is_some() {
-                    return false;
-                }
-                match serde_json::from_str::<&'a RawValue>(&line[i..value_end]) {
-                    Ok(raw) => out[slot] = Some(raw),
-                    Err(_) => return false,
-                }
+                .find(|e| e.name == column)
+                .and_then(|e| e.slot)
+            else {
+                return Some(());
+            };
+            if out[slot].is_some() {
+                return None;
             }
-            i = skip_ws(b, value_end);
-            match b.get(i) {
-                Some(b',') => i = skip_ws(b, i + 1),
-                Some(b'}') => return skip_ws(b, i + 1) == b.len(),
-                _ => return false,
-            }
-        }
+            out[slot] = Some(serde_json::from_str::<&'a RawValue>(&line[value]).ok()?);
+            Some(())
+        });
+        end.is_some_and(|end| skip_ws(b, end) == b.len())
     }
 }
 
@@ -254,30 +236,47 @@ fn value(b: &[u8], i: usize, depth: usize) -> Option<usize> {
         b't' => b[i..].starts_with(b"true").then_some(i + 4),
         b'f' => b[i..].starts_with(b"false").then_some(i + 5),
         b'n' => b[i..].starts_with(b"null").then_some(i + 4),
-        open @ (b'[' | b'{') if depth > 0 => {
-            let close = if open == b'[' { b']' } else { b'}' };
-            let mut j = skip_ws(b, i + 1);
-            if b.get(j) == Some(&close) {
-                return Some(j + 1);
-            }
-            loop {
-                if open == b'{' {
-                    let (name_end, _) = string(b, j)?;
-                    j = skip_ws(b, name_end);
-                    if b.get(j) != Some(&b':') {
-                        return None;
-                    }
-                    j = skip_ws(b, j + 1);
-                }
-                j = skip_ws(b, value(b, j, depth - 1)?);
-                match *b.get(j)? {
-                    b',' => j = skip_ws(b, j + 1),
-                    c if c == close => return Some(j + 1),
-                    _ => return None,
-                }
-            }
-        }
+        b'[' | b'{' if depth > 0 => container(b, i, depth - 1, |_, _, _| Some(())),
         _ => None,
+    }
+}
+
+/// Where the array or object whose bracket is at `i` ends, its elements' values followed
+/// `depth` deep. `member` is given each object member's name (between the quotes), whether
+/// the name has escapes, and the member's value; returning `None` ends the scan.
+fn container(
+    b: &[u8],
+    i: usize,
+    depth: usize,
+    mut member: impl FnMut(Range<usize>, bool, Range<usize>) -> Option<()>,
+) -> Option<usize> {
+    let object = b[i] == b'{';
+    let close = if object { b'}' } else { b']' };
+    let mut j = skip_ws(b, i + 1);
+    if b.get(j) == Some(&close) {
+        return Some(j + 1);
+    }
+    loop {
+        let mut name = None;
+        if object {
+            let (name_end, escaped) = string(b, j)?;
+            name = Some((j + 1..name_end - 1, escaped));
+            j = skip_ws(b, name_end);
+            if b.get(j) != Some(&b':') {
+                return None;
+            }
+            j = skip_ws(b, j + 1);
+        }
+        let end = value(b, j, depth)?;
+        if let Some((name, escaped)) = name {
+            member(name, escaped, j..end)?;
+        }
+        j = skip_ws(b, end);
+        match *b.get(j)? {
+            b',' => j = skip_ws(b, j + 1),
+            c if c == close => return Some(j + 1),
+            _ => return None,
+        }
     }
 }
 
