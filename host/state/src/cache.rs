@@ -197,8 +197,7 @@ impl Entry {
 
     #[inline]
     fn is(&self, key: &[u8]) -> bool {
-        let (buf, key_len, _) = self.parts();
-        key_len == key.len() && &buf[..key_len] == key
+        self.key() == key
     }
 
     #[inline]
