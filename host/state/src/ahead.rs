@@ -20,7 +20,9 @@
 //!   holds, a backend in memory reads nothing). A sample of the first keys goes first; when
 //!   nearly all of it is in memory, the rest is not looked at.
 //! - **Bounded**: at most [`AHEAD_LIMIT`] bytes per transaction; keys past it are read when
-//!   the processor asks for them. Freed when the transaction is sealed.
+//!   the processor asks for them. Freed when the transaction is sealed, once the seal has
+//!   taken from it the before-images the change log needs of the keys the batch wrote
+//!   (reads answered here are not kept a second time for that).
 //! - **Exact**: nothing commits to a checkpoint while one of its batches runs, so what was
 //!   read ahead is what a read during the batch would find. The transaction's own writes
 //!   are in its overlay, which every read consults first.

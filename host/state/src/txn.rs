@@ -71,9 +71,10 @@ pub struct PartitionTxn {
     /// Reused buffer for building keys: `[ns]` followed by the overlay's hash key, then
     /// whatever suffix a backend read needs.
     scratch: RefCell<Vec<u8>>,
-    /// What the batch's reads of committed values, list elements and map entries found:
-    /// the before-images the change log needs of the ones it then writes, known without
-    /// reading them again at [`Self::seal`].
+    /// What the batch's reads of committed values, list elements and map entries found
+    /// (those not read ahead, which [`Self::ahead`] holds): the before-images the change
+    /// log needs of the ones it then writes, known without reading them again at
+    /// [`Self::seal`].
     reads: RefCell<Reads>,
     /// Committed state read ahead for the batch's keys, and the shapes of its reads learned
     /// for the next batch (see [`crate::ahead`]).
@@ -84,7 +85,7 @@ pub struct PartitionTxn {
 /// again). Past it a read is not kept, and the seal reads the key again if the batch wrote
 /// it: a batch reading many large values does not hold a second copy of them all. Each
 /// worker holds one partition's until its seal; the counter's 100k keys on 4 partitions
-/// keep ~3 MiB per partition.
+/// keep ~3 MiB per partition. Reads answered by the read-ahead are not kept: it holds them.
 const READS_LIMIT: usize = 16 << 20;
 
 /// The committed bytes (`None`: none) each kept read of a [`PartitionTxn`] found, by full
@@ -710,7 +711,6 @@ impl PartitionTxn {
     /// longer readable.
     pub fn seal(&mut self) {
         if self.sealed.is_none() {
-            self.ahead.get_mut().finish();
             let overlay = std::mem::take(&mut self.overlay);
             let point_writes = overlay.writes;
             let new_timers_from = if overlay.timers.is_empty() {
@@ -720,7 +720,8 @@ impl PartitionTxn {
             };
             let (ops, fresh) = overlay.into_ops(new_timers_from);
             let mut reads = std::mem::take(&mut self.reads.get_mut().kept);
-            let known = known_befores(&ops, &fresh, &mut reads);
+            let ahead = self.ahead.get_mut();
+            let known = known_befores(&ops, &fresh, &mut reads, ahead);
             let op_bytes: usize = ops
                 .iter()
                 .map(|op| match op {
@@ -734,6 +735,8 @@ impl PartitionTxn {
             let mut changes = Vec::with_capacity(2 * op_bytes + ops.len() * LOG_ENTRY_OVERHEAD);
             let changes =
                 changelog::push_ops(&mut changes, &ops, &known, &*self.engine).map(|()| changes);
+            drop(known);
+            ahead.finish();
             let log_bytes = changes.as_ref().map_or(0, Vec::len);
             self.sealed = Some(Sealed {
                 ops,
@@ -829,17 +832,20 @@ impl PartitionTxn {
 
     /// `f` of the committed bytes at `key` (a value, list element or map entry), if any.
     /// What was committed there is kept in `reads` as the key's before-image, if it has
-    /// room.
+    /// room, unless it was read ahead: the seal finds it there.
     fn read_committed<R>(
         &self,
         key: &[u8],
         f: impl FnOnce(&[u8]) -> Result<R>,
     ) -> Result<Option<R>> {
+        if let Some(found) = self.ahead.borrow().get(key) {
+            return found.map(f).transpose();
+        }
         let keep = |v: &[u8]| {
             self.reads.borrow_mut().keep(key, Some(v));
             f(v)
         };
-        let found = read_ahead_or_with(&*self.engine, &self.ahead.borrow(), key, keep)?;
+        let found = read_with(&*self.engine, key, keep)?;
         if found.is_none() {
             self.reads.borrow_mut().keep(key, None);
         }
@@ -1177,14 +1183,18 @@ const LOG_ENTRY_OVERHEAD: usize = 14;
 
 /// The operations among `ops` (ascending by key, as [`Overlay::into_ops`] makes them) whose
 /// before-image is known without a read, ascending by index: those at the indexes in
-/// `fresh` had no committed value, and those on a key the batch read from the engine had
-/// what `reads` holds for it. `reads` is sorted here. A key the batch read and then wrote
-/// was read before its first write (the overlay answers every later read), so what was read
-/// is what the batch started from; and an operation left out is simply read at the seal.
+/// `fresh` had no committed value, those on a key the batch read from the engine had what
+/// `reads` holds for it, and those on a key read ahead had what `ahead` holds (read ahead,
+/// a key's reads are not kept: past [`READS_LIMIT`], as state outgrows the cache, they
+/// would be read again here, from disk). `reads` is sorted here. A key the batch read and
+/// then wrote was read before its first write (the overlay answers every later read), and
+/// nothing commits while a batch runs, so both hold what the batch started from; an
+/// operation left out is simply read at the seal.
 fn known_befores<'a>(
     ops: &[WriteOp],
     fresh: &[usize],
     reads: &'a mut [(SmallBytes, Option<SmallBytes>)],
+    ahead: &'a Ahead,
 ) -> Vec<(usize, Option<&'a [u8]>)> {
     reads.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     let reads: &'a [(SmallBytes, Option<SmallBytes>)] = reads;
@@ -1210,6 +1220,8 @@ fn known_befores<'a>(
             && k.as_slice() == key
         {
             known.push((i, before.as_deref()));
+        } else if let Some(before) = ahead.get(key) {
+            known.push((i, before));
         }
     }
     known
