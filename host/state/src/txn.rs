@@ -1210,6 +1210,11 @@ fn known_befores<'a>(
             WriteOp::Put(k, _) | WriteOp::Delete(k) => k.as_slice(),
             WriteOp::DeleteRange(..) => continue,
         };
+        // The change log has no entry for it (a list's length, a timer by time): its
+        // before-image is not needed, and looking it up would be a cache miss for nothing.
+        if !key.first().is_some_and(|&ns| changelog::logged(ns)) {
+            continue;
+        }
         while reads
             .get(next_read)
             .is_some_and(|(k, _)| k.as_slice() < key)
