@@ -1039,17 +1039,11 @@ mod tests {
         let hot = value_key(0);
         put(&e, &hot, b"hot");
         assert!(e.get(&hot).unwrap().is_some());
-        // The other keys are written, then read once: write-through caches them while a
-        // shard has room (a full one takes no more written keys), and the read's fill
-        // caches each with its mark. A sweep clears the marks of what was read since the
-        // last one and evicts what was not, so the older keys go and the hot key, read
-        // every 16 keys, stays. Had every key been read again and again, every entry would
-        // have its mark, the first sweep would clear them all and the second evict in
-        // table order, the hot key among them or not: CLOCK keeps what is read more than
-        // the rest, not what is read at all.
+        // The other keys are only written: write-through caches them while a shard has
+        // room, and a full shard takes no more, so writing them cannot push the hot key
+        // out (which entries a read's fill evicts: the next test).
         for i in 1..20_000 {
             put(&e, &value_key(i), &[7; 40]);
-            assert!(e.get(&value_key(i)).unwrap().is_some());
             // Read the hot key now and then: CLOCK gives it a second chance every turn.
             if i % 16 == 0 {
                 assert!(e.get(&hot).unwrap().is_some());
@@ -1101,6 +1095,36 @@ mod tests {
             Some(&b"first"[..])
         );
         assert!(e.holds(&value_key(19_999)));
+
+        // Within one shard: fills evict what was only written (or not read since the last
+        // sweep) before what was read since, so a key read before each fill stays (CLOCK
+        // gives it a second chance every sweep). Had every entry been read since the last
+        // sweep, the first pass would clear every mark and the second evict in table
+        // order, that key among them or not: CLOCK keeps what is read more than the rest.
+        let hot = value_key(0);
+        let shard = e.shard_of(&hot);
+        let in_shard = |k: &Vec<u8>| e.shard_of(k) == shard;
+        let written: Vec<Vec<u8>> = (1..20_000)
+            .map(value_key)
+            .filter(|k| in_shard(k) && e.holds(k))
+            .collect();
+        let uncached: Vec<Vec<u8>> = (1..20_000)
+            .map(value_key)
+            .filter(|k| in_shard(k) && !e.holds(k))
+            .take(3)
+            .collect();
+        // Fewer fills than written-only entries: every sweep finds one to evict.
+        assert!(written.len() > 2 * uncached.len(), "{}", written.len());
+        for k in &uncached {
+            assert!(e.get(&hot).unwrap().is_some());
+            assert_eq!(e.get(k).unwrap().as_deref(), Some(&b"first"[..]));
+            assert!(e.holds(k), "a fill stays through its own sweep");
+        }
+        assert!(e.holds(&hot), "the key read before every fill stayed");
+        assert!(
+            written.iter().any(|k| !e.holds(k)),
+            "fills evicted keys only written"
+        );
         assert!(e.cached_bytes() <= budget, "{}", e.cached_bytes());
     }
 
