@@ -21,7 +21,8 @@
 //! - `checkpoint` / `txn`: the public [`Checkpoint`] and [`PartitionTxn`].
 //! - [`changelog`]: the per-batch change log codec.
 //! - `overlay`: the overlay's building blocks (inline byte keys, per-prefix hash map,
-//!   per-collection ordered writes).
+//!   per-collection ordered writes); `marks`: the batch's timers-by-time and TTL index
+//!   writes, put in order only when read in order.
 //!
 //! **Architecture invariant:** nothing reaches the backend except through a [`WriteBatch`]
 //! built by [`Checkpoint::commit`] or [`Checkpoint::put_meta_sync`]; a [`PartitionTxn`] only
@@ -35,6 +36,7 @@ mod checkpoint;
 pub mod engine;
 mod ingest;
 pub mod keys;
+mod marks;
 mod mem;
 pub mod memory;
 mod overlay;

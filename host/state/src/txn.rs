@@ -14,11 +14,10 @@
 //!   variable and grouping key. A point read or write is one hash lookup plus a search in a
 //!   collection holding only this batch's writes to that one list or map.
 //! - `timers`: a hash map from `[keylen][key]` to that grouping key's timers-by-key writes.
-//! - `ordered`: the timers-by-time and TTL index writes, by full key, in a B-tree: they are
-//!   scanned across grouping keys ([`PartitionTxn::timers_due`],
-//!   [`PartitionTxn::ttl_cleanup`]). A short key (a timer of a short grouping key) is
-//!   inline in the tree's node and compares as words: finding a place among a batch's
-//!   timers, which share their first dozen bytes, then reads no heap buffer.
+//! - `ordered`: the timers-by-time and TTL index writes, by full key, appended as they come
+//!   and put in order when they are scanned across grouping keys
+//!   ([`PartitionTxn::timers_due`], [`PartitionTxn::ttl_cleanup`]) or sealed (see
+//!   [`crate::marks`]).
 //!
 //! Clearing a list or map turns its committed entries invisible (the collection's
 //! [`Base`]); the commit removes them with point deletes when there were few (the common
@@ -31,15 +30,15 @@
 //! them.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
 use std::fmt;
-use std::ops::Bound::{self, Excluded, Included, Unbounded};
+use std::ops::Bound::{Excluded, Included, Unbounded};
 use std::sync::Arc;
 
 use crate::ahead::{Ahead, Shapes};
 use crate::changelog;
 use crate::engine::{KvEngine, ScanFn, WriteOp};
 use crate::keys::{self, check_key};
+use crate::marks::Marks;
 use crate::overlay::{Base, Coll, PrefixMap, Slot, SmallBytes};
 use crate::value::Header;
 use crate::{Partition, Result, StoreError, StoredValue, VarId};
@@ -121,9 +120,10 @@ impl Reads {
 struct Overlay {
     vars: PrefixMap<VarBucket>,
     timers: PrefixMap<Coll>,
-    /// Full key → `true` puts the (empty) entry, `false` deletes it.
-    ordered: BTreeMap<SmallBytes, bool>,
-    /// Point writes the commit will carry.
+    /// Full key → `true` puts the (empty) entry, `false` deletes it. Scans put it in order
+    /// through a shared reference.
+    ordered: RefCell<Marks>,
+    /// Point writes the commit will carry, `ordered`'s aside.
     writes: usize,
     /// Grouping keys `timers` makes room for at its first write (see
     /// [`PartitionTxn::reserve`]).
@@ -327,6 +327,7 @@ impl PartitionTxn {
             writes,
             ..
         } = &mut self.overlay;
+        let ordered = ordered.get_mut();
         let list = vars.get_or_default(&k[1..]).list.get_or_insert_default();
         let first = match list.next_seq {
             Some(next) => next,
@@ -351,7 +352,7 @@ impl PartitionTxn {
             let seq = seq.to_be_bytes();
             if let Some(expiry) = value.expires_at_ms {
                 let key = index_key(keys::TTL, self.partition, expiry, k, &seq);
-                mark(ordered, writes, key, true);
+                ordered.mark(key, true);
             }
             added += list.write(&seq, Some(value.encode()));
         }
@@ -432,7 +433,7 @@ impl PartitionTxn {
         } = &mut self.overlay;
         if let Some(expiry) = value.expires_at_ms {
             let key = index_key(keys::TTL, self.partition, expiry, k, user_key);
-            mark(ordered, writes, key, true);
+            ordered.get_mut().mark(key, true);
         }
         let map = vars.get_or_default(&k[1..]).map.get_or_insert_default();
         add(writes, map.write(user_key, Some(value.encode())));
@@ -693,7 +694,7 @@ impl PartitionTxn {
     pub fn pending_writes(&self) -> usize {
         match &self.sealed {
             Some(sealed) => sealed.point_writes,
-            None => self.overlay.writes,
+            None => self.overlay.writes + self.overlay.ordered.borrow_mut().len(),
         }
     }
 
@@ -711,8 +712,8 @@ impl PartitionTxn {
     /// longer readable.
     pub fn seal(&mut self) {
         if self.sealed.is_none() {
-            let overlay = std::mem::take(&mut self.overlay);
-            let point_writes = overlay.writes;
+            let mut overlay = std::mem::take(&mut self.overlay);
+            let point_writes = overlay.writes + overlay.ordered.get_mut().len();
             let new_timers_from = if overlay.timers.is_empty() {
                 None
             } else {
@@ -776,7 +777,7 @@ impl PartitionTxn {
     pub(crate) fn pending_ops(&self) -> usize {
         match &self.sealed {
             Some(sealed) => sealed.ops.len(),
-            None => self.overlay.writes,
+            None => self.overlay.writes + self.overlay.ordered.borrow().len_bound(),
         }
     }
 
@@ -897,26 +898,27 @@ impl PartitionTxn {
         if start >= end {
             return Ok(());
         }
-        let bounds: (Bound<&[u8]>, Bound<&[u8]>) = (Included(start), Excluded(end));
-        let mut overlay = self.overlay.ordered.range::<[u8], _>(bounds).peekable();
+        self.overlay.ordered.borrow_mut().settle();
+        let ordered = self.overlay.ordered.borrow();
+        let mut overlay = ordered.range(start, end).peekable();
         let mut stopped = false;
         let committed_start = committed_start.max(start);
         if committed_start >= end {
             for (ok, put) in overlay {
-                if *put && !f(ok, &[])? {
+                if put && !f(ok, &[])? {
                     break;
                 }
             }
             return Ok(());
         }
         self.engine.scan(committed_start, end, &mut |k, v| {
-            while let Some((ok, put)) = overlay.next_if(|(ok, _)| ok.as_slice() < k) {
-                if *put && !f(ok, &[])? {
+            while let Some((ok, put)) = overlay.next_if(|&(ok, _)| ok < k) {
+                if put && !f(ok, &[])? {
                     stopped = true;
                     return Ok(false);
                 }
             }
-            let go_on = match overlay.next_if(|(ok, _)| ok.as_slice() == k) {
+            let go_on = match overlay.next_if(|&(ok, _)| ok == k) {
                 Some((_, true)) => f(k, &[])?,
                 Some((_, false)) => true,
                 None => f(k, v)?,
@@ -926,7 +928,7 @@ impl PartitionTxn {
         })?;
         if !stopped {
             for (ok, put) in overlay {
-                if *put && !f(ok, &[])? {
+                if put && !f(ok, &[])? {
                     break;
                 }
             }
@@ -998,7 +1000,7 @@ impl Overlay {
 
     /// Puts (`true`) or deletes a timers-by-time or TTL index entry.
     fn mark(&mut self, key: SmallBytes, put: bool) {
-        mark(&mut self.ordered, &mut self.writes, key, put);
+        self.ordered.get_mut().mark(key, put);
     }
 
     /// The write-batch operations reproducing the overlay, ascending by key (range
@@ -1007,7 +1009,8 @@ impl Overlay {
     /// list elements appended past the committed ones, and timers at or after
     /// `new_timers_from` (see [`PartitionTxn::new_timers_from`]).
     fn into_ops(self, new_timers_from: Option<i64>) -> (Vec<WriteOp>, Vec<usize>) {
-        let mut ops = Vec::with_capacity(self.writes + 16);
+        let ordered = self.ordered.into_inner().into_sorted();
+        let mut ops = Vec::with_capacity(self.writes + ordered.len() + 16);
         let mut fresh = Vec::new();
         // One sort serves every namespace: within each, keys order by `[var][keylen][key]`,
         // then suffix; and no such prefix is a prefix of another. One pass over the sorted
@@ -1066,7 +1069,7 @@ impl Overlay {
                 fresh.extend(first_new..ops.len());
             }
         }
-        for (key, put) in self.ordered {
+        for (key, put) in ordered {
             push_op(&mut ops, key.into_vec(), put.then(Vec::new));
         }
         (ops, fresh)
@@ -1135,12 +1138,6 @@ fn push_op(ops: &mut Vec<WriteOp>, key: Vec<u8>, slot: Slot) {
 fn index_key(ns: u8, partition: Partition, time: i64, rest: &[u8], more: &[u8]) -> SmallBytes {
     let head = keys::partition_head(ns, partition);
     SmallBytes::from_parts(&[&head, &keys::encode_i64(time), rest, more])
-}
-
-fn mark(ordered: &mut BTreeMap<SmallBytes, bool>, writes: &mut usize, key: SmallBytes, put: bool) {
-    if ordered.insert(key, put).is_none() {
-        *writes += 1;
-    }
 }
 
 fn add(writes: &mut usize, change: isize) {
