@@ -915,6 +915,18 @@ fn ttl_cleanup_handles_more_than_one_chunk(fx: Fixture) {
         txn.map_page(1, b"k", None, 10).unwrap(),
         [(b"live".to_vec(), vt("x", 1_000))]
     );
+    // Every index entry the cleanup read was deleted with its value: only the live one's
+    // is left.
+    let (start, end) = keys::prefix_range(keys::ttl_prefix(0));
+    let mut index = Vec::new();
+    fx.cp()
+        .engine()
+        .scan(&start, &end, &mut |k, _| {
+            index.push(keys::decode_ttl_key(k).unwrap().0);
+            Ok(true)
+        })
+        .unwrap();
+    assert_eq!(index, [1_000]);
 }
 
 // ---- Change log ----

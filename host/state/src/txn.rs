@@ -43,7 +43,8 @@ use crate::overlay::{Base, Coll, PrefixMap, Slot, SmallBytes};
 use crate::value::Header;
 use crate::{Partition, Result, StoreError, StoredValue, VarId};
 
-/// TTL index entries handled per scan in [`PartitionTxn::ttl_cleanup`], bounding its memory.
+/// TTL index entries read per scan in [`PartitionTxn::ttl_cleanup`], which looks their values
+/// up between scans.
 const TTL_CLEANUP_CHUNK: usize = 1024;
 
 /// Where [`PartitionTxn::timers_due_from`] resumes its reading of committed timers.
@@ -638,8 +639,11 @@ impl PartitionTxn {
         let committed_start = self.floor_key(&start, |t| keys::ttl_range_from(self.partition, t));
         let mut removed = 0;
         let mut chunk: Vec<SmallBytes> = Vec::new();
+        // The index entries looked at, deleted once the scan is over: each chunk's scan
+        // starts past the last, so none needs to see an earlier one's deletes, and the
+        // overlay then puts them in order once instead of at every chunk.
+        let mut seen: Vec<SmallBytes> = Vec::new();
         loop {
-            chunk.clear();
             let engine_start = committed_start.clone().max(start.clone());
             self.scan_ordered(&start, &engine_start, &end, &mut |k, _| {
                 chunk.push(SmallBytes::new(k));
@@ -651,12 +655,19 @@ impl PartitionTxn {
                     self.delete_state(state_key)?;
                     removed += 1;
                 }
-                self.overlay.mark(index_key.clone(), false);
             }
-            match chunk.last() {
-                Some(last) if chunk.len() == TTL_CLEANUP_CHUNK => start = keys::key_successor(last),
-                _ => break,
+            let next = match chunk.last() {
+                Some(last) if chunk.len() == TTL_CLEANUP_CHUNK => Some(keys::key_successor(last)),
+                _ => None,
+            };
+            seen.append(&mut chunk);
+            match next {
+                Some(next) => start = next,
+                None => break,
             }
+        }
+        for index_key in seen {
+            self.overlay.mark(index_key, false);
         }
         if removed > 0 {
             tracing::debug!(partition = self.partition, removed, "TTL cleanup");
