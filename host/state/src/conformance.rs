@@ -762,6 +762,55 @@ fn due_timers_page_through_committed_timers_once(fx: Fixture) {
     );
 }
 
+/// Paging through due timers, firing each page before reading the next, returns every due
+/// timer once and in order: this batch's own, across pages and beside committed ones, and
+/// the ones handlers register between pages, however early or late among the rest.
+fn due_timers_page_through_this_batchs_timers_once(fx: Fixture) {
+    let mut txn = fx.cp().txn(0);
+    for ts in [15, 25, 35] {
+        txn.timer_register(b"committed", ts).unwrap();
+    }
+    fx.commit(vec![txn]);
+
+    let mut txn = fx.cp().txn(0);
+    for (i, ts) in [1, 2, 3, 11, 12, 21, 31, 41].into_iter().enumerate() {
+        txn.timer_register(format!("b{i}").as_bytes(), ts).unwrap();
+    }
+    // Not due.
+    txn.timer_register(b"late", 1_000).unwrap();
+    let mut cursor = DueCursor::default();
+    let mut fired = Vec::new();
+    let mut pages = 0;
+    loop {
+        let page = txn.timers_due_from(100, 3, &mut cursor).unwrap();
+        if page.is_empty() {
+            break;
+        }
+        for (ts, key) in &page {
+            txn.timer_delete(key, *ts).unwrap();
+            fired.push(*ts);
+        }
+        pages += 1;
+        match pages {
+            // Before everything read so far, and between the cursor and the next due one.
+            1 => txn.timer_register(b"early", 0).unwrap(),
+            2 => txn.timer_register(b"between", 13).unwrap(),
+            // Written and deleted again: never due.
+            3 => {
+                txn.timer_register(b"gone", 5).unwrap();
+                txn.timer_delete(b"gone", 5).unwrap();
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(fired, [1, 2, 3, 0, 11, 12, 13, 15, 21, 25, 31, 35, 41]);
+    assert!(txn.timers_due(100, 10).unwrap().is_empty());
+    assert_eq!(
+        txn.timers_due(i64::MAX, 10).unwrap(),
+        [(1_000, b"late".to_vec())]
+    );
+}
+
 fn timers_register_list_delete_and_fire_in_order(mut fx: Fixture) {
     let mut txn = fx.cp().txn(1);
     txn.timer_register(b"b", 20).unwrap();
@@ -1647,6 +1696,7 @@ conformance!(
     timers_register_list_delete_and_fire_in_order,
     scans_of_committed_timers_start_at_the_time_floor,
     due_timers_page_through_committed_timers_once,
+    due_timers_page_through_this_batchs_timers_once,
     expired_values_are_hidden_from_reads,
     ttl_cleanup_removes_expired_entries_only,
     ttl_cleanup_handles_more_than_one_chunk,

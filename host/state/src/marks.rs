@@ -5,23 +5,18 @@
 //! value's index entry at its own expiry) and reads them in order only to fire timers, to
 //! clean up TTL and at its seal. A B-tree kept them in order on every write: a descent
 //! through its nodes comparing whole keys, most of them on the heap for the TTL index
-//! (`BTreeMap::insert` was 6.8% of `bench ttl`'s samples). Here a write is a push onto the
-//! *recent* run. A reader sorts that run (stably, so the last write of a key wins) and merges
-//! it into the *settled* run once it has grown past an eighth of it, so a write is sorted once
-//! and merged a few times; a batch that never reads them in order sorts them at its seal.
-//! The recent run is also settled when it outgrows the settled one past a few thousand
-//! writes, so a processor writing one timer over and over holds a bounded number of copies.
-
-use std::cmp::Ordering;
+//! (`BTreeMap::insert` was 6.8% of `bench ttl`'s samples). Here a write is a push onto a
+//! list of recent writes. A reader (or every few thousand writes) sorts that list, stably so
+//! that the last write of a key wins, into a sorted run of its own, and merges runs of
+//! similar length as a binary counter adds: a batch holds about log2 of its entries' number
+//! of runs, a write is merged about as many times, and a reader merges the runs' heads as
+//! it goes. Firing a million timers page by page (each page's deletes written before the
+//! next page is read) thus costs O(n log n), not a merge of everything per page.
 
 use crate::overlay::SmallBytes;
 
-/// A recent run this long is settled when it is at least as long as the settled one.
+/// Writes the recent run takes before it is sorted into a run of its own.
 const RECENT_SETTLE: usize = 4096;
-
-/// The recent run is merged into the settled one when it is longer than the settled one's
-/// length divided by this.
-const MERGE_RATIO: usize = 8;
 
 /// One entry: its key, and `true` to put it (empty) or `false` to delete it.
 type Mark = (SmallBytes, bool);
@@ -29,11 +24,15 @@ type Mark = (SmallBytes, bool);
 /// The ordered index writes of one batch (see the module documentation).
 #[derive(Default)]
 pub(crate) struct Marks {
-    /// Ascending, one entry per key.
-    settled: Vec<Mark>,
-    /// In write order; ascending with one entry per key once `recent_sorted`.
+    /// Sorted runs, one entry per key each, oldest first; each more than twice as long as
+    /// the next, so there are at most about log2 of the entries. A key in several runs has
+    /// the write of the newest.
+    runs: Vec<Vec<Mark>>,
+    /// The writes since the last settling, in write order.
     recent: Vec<Mark>,
-    recent_sorted: bool,
+    /// The least key of each settling's writes, in settling order (see
+    /// [`Self::least_written_since`]).
+    settlings: Vec<SmallBytes>,
 }
 
 impl Marks {
@@ -41,124 +40,145 @@ impl Marks {
     /// earlier one.
     pub(crate) fn mark(&mut self, key: SmallBytes, put: bool) {
         self.recent.push((key, put));
-        self.recent_sorted = false;
-        if self.recent.len() >= RECENT_SETTLE && self.recent.len() >= self.settled.len() {
+        if self.recent.len() >= RECENT_SETTLE {
             self.settle();
         }
     }
 
-    /// At least the number of distinct keys written, counting a key written twice since
-    /// the last settling twice.
+    /// At least the number of distinct keys written: a key in several runs counts once
+    /// per run.
     pub(crate) fn len_bound(&self) -> usize {
-        self.settled.len() + self.recent.len()
+        self.runs.iter().map(Vec::len).sum::<usize>() + self.recent.len()
     }
 
-    /// Puts the writes in order for [`Self::range`].
+    /// Puts the writes in order for [`Self::range`]: the recent ones are sorted into a run
+    /// of their own, merged with the runs before it while it is at least half as long as
+    /// the one before (so each write is merged about log2 times over a batch).
     pub(crate) fn settle(&mut self) {
-        if !self.recent_sorted {
-            // Stable: of a key's writes, the last stays last.
-            self.recent.sort_by(|a, b| a.0.cmp(&b.0));
-            self.recent.dedup_by(|later, kept| {
-                let same = later.0 == kept.0;
-                if same {
-                    kept.1 = later.1;
-                }
-                same
-            });
-            self.recent_sorted = true;
+        if self.recent.is_empty() {
+            return;
         }
-        if self.recent.len() * MERGE_RATIO > self.settled.len() {
-            self.merge();
+        let mut run = std::mem::take(&mut self.recent);
+        // Stable: of a key's writes, the last stays last.
+        run.sort_by(|a, b| a.0.cmp(&b.0));
+        run.dedup_by(|later, kept| {
+            let same = later.0 == kept.0;
+            if same {
+                kept.1 = later.1;
+            }
+            same
+        });
+        if let Some((least, _)) = run.first() {
+            self.settlings.push(least.clone());
         }
+        self.runs.push(run);
+        while let [.., older, newer] = &self.runs[..] {
+            if newer.len() * 2 < older.len() {
+                break;
+            }
+            let newer = self.runs.pop().unwrap_or_default();
+            let older = self.runs.pop().unwrap_or_default();
+            self.runs.push(merge(older, newer));
+        }
+    }
+
+    /// Settles, then returns the least key written since the settling numbered `from`
+    /// (`None`: nothing was), and the number of settlings so far, to pass as `from` the
+    /// next time.
+    pub(crate) fn least_written_since(&mut self, from: usize) -> (Option<SmallBytes>, usize) {
+        self.settle();
+        let least = self
+            .settlings
+            .get(from..)
+            .and_then(|s| s.iter().min())
+            .cloned();
+        (least, self.settlings.len())
     }
 
     /// The number of distinct keys written.
     pub(crate) fn len(&mut self) -> usize {
-        self.settle();
-        self.merge();
-        self.settled.len()
+        self.settle_all();
+        self.runs.first().map_or(0, Vec::len)
     }
 
     /// The entries with `start <= key < end`, ascending. Call [`Self::settle`] first.
     pub(crate) fn range<'a>(&'a self, start: &[u8], end: &[u8]) -> Range<'a> {
-        debug_assert!(
-            self.recent_sorted || self.recent.is_empty(),
-            "marks not settled"
-        );
-        let within = |run: &'a [Mark]| {
-            let from = run.partition_point(|(k, _)| k.as_slice() < start);
-            let to = from + run[from..].partition_point(|(k, _)| k.as_slice() < end);
-            &run[from..to]
-        };
-        Range {
-            settled: within(&self.settled),
-            recent: within(&self.recent),
-        }
+        debug_assert!(self.recent.is_empty(), "marks not settled");
+        let runs = self
+            .runs
+            .iter()
+            .map(|run| {
+                let from = run.partition_point(|(k, _)| k.as_slice() < start);
+                let to = from + run[from..].partition_point(|(k, _)| k.as_slice() < end);
+                &run[from..to]
+            })
+            .filter(|run| !run.is_empty())
+            .collect();
+        Range { runs }
     }
 
     /// Every entry, ascending, one per key.
     pub(crate) fn into_sorted(mut self) -> Vec<Mark> {
-        self.settle();
-        self.merge();
-        self.settled
+        self.settle_all();
+        self.runs.pop().unwrap_or_default()
     }
 
-    /// Merges the (sorted) recent run into the settled one; a key in both keeps its recent
-    /// write.
-    fn merge(&mut self) {
-        debug_assert!(self.recent_sorted || self.recent.is_empty());
-        if self.recent.is_empty() {
-            return;
+    /// Settles the recent writes and merges every run into one.
+    fn settle_all(&mut self) {
+        self.settle();
+        while self.runs.len() > 1 {
+            let newer = self.runs.pop().unwrap_or_default();
+            let older = self.runs.pop().unwrap_or_default();
+            self.runs.push(merge(older, newer));
         }
-        if self.settled.is_empty() {
-            std::mem::swap(&mut self.settled, &mut self.recent);
-            return;
-        }
-        let mut merged = Vec::with_capacity(self.settled.len() + self.recent.len());
-        let mut settled = std::mem::take(&mut self.settled).into_iter().peekable();
-        for mark in self.recent.drain(..) {
-            while let Some(old) = settled.next_if(|(k, _)| *k < mark.0) {
-                merged.push(old);
-            }
-            settled.next_if(|(k, _)| *k == mark.0);
-            merged.push(mark);
-        }
-        merged.extend(settled);
-        self.settled = merged;
     }
 }
 
-/// The entries of [`Marks::range`]: its two runs' entries in the range, merged.
+/// Two sorted runs as one; a key in both keeps its write in `newer`.
+fn merge(older: Vec<Mark>, newer: Vec<Mark>) -> Vec<Mark> {
+    if older.is_empty() {
+        return newer;
+    }
+    let mut merged = Vec::with_capacity(older.len() + newer.len());
+    let mut older = older.into_iter().peekable();
+    for mark in newer {
+        while let Some(old) = older.next_if(|(k, _)| *k < mark.0) {
+            merged.push(old);
+        }
+        older.next_if(|(k, _)| *k == mark.0);
+        merged.push(mark);
+    }
+    merged.extend(older);
+    merged
+}
+
+/// The entries of [`Marks::range`]: the runs' entries in the range, merged; of a key in
+/// several runs, the newest run's.
 pub(crate) struct Range<'a> {
-    settled: &'a [Mark],
-    recent: &'a [Mark],
+    /// Oldest first, none empty.
+    runs: Vec<&'a [Mark]>,
 }
 
 impl<'a> Iterator for Range<'a> {
     type Item = (&'a [u8], bool);
 
     fn next(&mut self) -> Option<Self::Item> {
-        let from_recent = match (self.settled.first(), self.recent.first()) {
-            (None, None) => return None,
-            (Some(_), None) => false,
-            (None, Some(_)) => true,
-            (Some(old), Some(new)) => match old.0.cmp(&new.0) {
-                Ordering::Less => false,
-                Ordering::Greater => true,
-                Ordering::Equal => {
-                    // The recent write of the key replaces the settled one.
-                    self.settled = &self.settled[1..];
-                    true
-                }
-            },
-        };
-        let run = if from_recent {
-            &mut self.recent
-        } else {
-            &mut self.settled
-        };
-        let ((key, put), rest) = run.split_first()?;
-        *run = rest;
+        // The least key at the runs' heads, from the newest run holding it.
+        let mut least: Option<(usize, &'a Mark)> = None;
+        for (i, run) in self.runs.iter().enumerate() {
+            let head = &run[0];
+            if least.is_none_or(|(_, l)| head.0 <= l.0) {
+                least = Some((i, head));
+            }
+        }
+        let (_, (key, put)) = least?;
+        // Past that key in every run holding it.
+        for run in &mut self.runs {
+            if run[0].0 == *key {
+                *run = &run[1..];
+            }
+        }
+        self.runs.retain(|run| !run.is_empty());
         Some((key.as_slice(), *put))
     }
 }
@@ -191,8 +211,8 @@ mod tests {
     }
 
     /// Writes, reads of ranges and the final order agree with a B-tree given the same
-    /// writes, whatever the mix of repeated keys, reads between writes and run lengths
-    /// around the settling thresholds.
+    /// writes, whatever the mix of repeated keys, reads between writes (each settling the
+    /// writes before it into a run) and run lengths around the settling threshold.
     #[test]
     fn marks_read_and_end_as_a_btree_of_the_same_writes() {
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
@@ -221,6 +241,13 @@ mod tests {
                         .collect();
                     assert_eq!(got, want, "round {round}, after {i} writes");
                     assert!(marks.len_bound() >= model.len());
+                    // Each run is more than twice as long as the next.
+                    let bound = usize::BITS - marks.len_bound().leading_zeros();
+                    assert!(
+                        marks.runs.len() as u32 <= bound,
+                        "{} runs",
+                        marks.runs.len()
+                    );
                 }
             }
             assert_eq!(marks.len(), model.len(), "round {round}");

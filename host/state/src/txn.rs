@@ -47,11 +47,15 @@ use crate::{Partition, Result, StoreError, StoredValue, VarId};
 /// up between scans.
 const TTL_CLEANUP_CHUNK: usize = 1024;
 
-/// Where [`PartitionTxn::timers_due_from`] resumes its reading of committed timers.
+/// Where [`PartitionTxn::timers_due_from`] resumes its reading of timers.
 #[derive(Debug, Default)]
 pub struct DueCursor {
-    /// Committed by-time entries before this key were returned (or were deleted).
+    /// Committed by-time entries before this key were returned (or were deleted), and so
+    /// were buffered ones written before the last page was read.
     committed_from: Option<Vec<u8>>,
+    /// The overlay's settlings of timer writes when the last page was read: writes since
+    /// are after them (see [`Marks::least_written_since`]).
+    settlings: usize,
 }
 
 /// The batch overlay of one partition.
@@ -572,8 +576,9 @@ impl PartitionTxn {
     /// [`timers_due`](Self::timers_due) page by page, for a caller that fires (or finds
     /// deleted) every timer of a page before asking for the next: committed timers up to
     /// the last one `cursor` returned are not read again, so firing many timers reads the
-    /// committed index once instead of once per page. This batch's timers are always looked
-    /// at from the start, so a due timer a handler registers, however early, is returned.
+    /// committed index once instead of once per page. This batch's timers are read from
+    /// the cursor too, but from the least one written since the last page where that is
+    /// earlier: a due timer a handler registers, however early, is returned.
     pub fn timers_due_from(
         &self,
         upto: i64,
@@ -588,11 +593,26 @@ impl PartitionTxn {
         let (start, end) = keys::timer_time_range_upto(self.partition, upto);
         let mut committed_start =
             self.floor_key(&start, |t| keys::timer_time_range_from(self.partition, t));
+        // This batch's timers before the cursor were returned by the pages before, unless
+        // written since the last page (a handler may register a due timer however early):
+        // they are read from the least key written since, not from the start, so firing
+        // page by page does not read every page's deletes again.
+        let (least_written, settlings) = self
+            .overlay
+            .ordered
+            .borrow_mut()
+            .least_written_since(cursor.settlings);
+        cursor.settlings = settlings;
+        let mut buffered_start = start.clone();
         if let Some(after) = &cursor.committed_from {
             committed_start = committed_start.max(after.clone());
+            buffered_start = match least_written {
+                Some(least) if least.as_slice() < after.as_slice() => start.max(least.into_vec()),
+                _ => after.clone(),
+            };
         }
         let mut last = None;
-        self.scan_ordered(&start, &committed_start, &end, &mut |k, _| {
+        self.scan_ordered(&buffered_start, &committed_start, &end, &mut |k, _| {
             let (ts, key) = keys::decode_timer_by_time(k)?;
             out.push((ts, key.to_vec()));
             if out.len() < max {
