@@ -76,9 +76,7 @@ impl Marks {
             if newer.len() * 2 < older.len() {
                 break;
             }
-            let newer = self.runs.pop().unwrap_or_default();
-            let older = self.runs.pop().unwrap_or_default();
-            self.runs.push(merge(older, newer));
+            self.merge_newest_two();
         }
     }
 
@@ -127,10 +125,15 @@ impl Marks {
     fn settle_all(&mut self) {
         self.settle();
         while self.runs.len() > 1 {
-            let newer = self.runs.pop().unwrap_or_default();
-            let older = self.runs.pop().unwrap_or_default();
-            self.runs.push(merge(older, newer));
+            self.merge_newest_two();
         }
+    }
+
+    /// Merges the two newest runs into one.
+    fn merge_newest_two(&mut self) {
+        let newer = self.runs.pop().unwrap_or_default();
+        let older = self.runs.pop().unwrap_or_default();
+        self.runs.push(merge(older, newer));
     }
 }
 
@@ -164,14 +167,14 @@ impl<'a> Iterator for Range<'a> {
 
     fn next(&mut self) -> Option<Self::Item> {
         // The least key at the runs' heads, from the newest run holding it.
-        let mut least: Option<(usize, &'a Mark)> = None;
-        for (i, run) in self.runs.iter().enumerate() {
+        let mut least: Option<&'a Mark> = None;
+        for run in &self.runs {
             let head = &run[0];
-            if least.is_none_or(|(_, l)| head.0 <= l.0) {
-                least = Some((i, head));
+            if least.is_none_or(|l| head.0 <= l.0) {
+                least = Some(head);
             }
         }
-        let (_, (key, put)) = least?;
+        let (key, put) = least?;
         // Past that key in every run holding it.
         for run in &mut self.runs {
             if run[0].0 == *key {
