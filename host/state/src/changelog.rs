@@ -1,8 +1,9 @@
 //! The per-batch change log: for each partition of a committed batch, every value, list
 //! element and map entry the batch changed, with its new stored bytes or as a delete.
 //!
-//! One RocksDB value per `(batch, partition)` ([`keys::changelog_key`]) holds the entries
-//! back to back, each `[keylen u32][state key][tag u8]` followed by `[len u32][stored value]`
+//! A `(batch, partition)`'s log is stored in chunks of whole entries, each a RocksDB value of
+//! about [`CHUNK_BYTES`] ([`keys::changelog_chunk_key`]; logs written before chunks were are
+//! one value, [`keys::changelog_key`], and read the same). The entries are back to back, each `[keylen u32][state key][tag u8]` followed by `[len u32][stored value]`
 //! when the tag is a put (`PUT`, `PUT_BEFORE`). Tags `DELETE_BEFORE` and
 //! `PUT_BEFORE` add the key's before-image, its committed bytes before the batch:
 //! `[present u8]`, then `[len u32][stored value]` when present. Undoing the batches after
@@ -25,6 +26,42 @@ const PUT: u8 = 1;
 const DELETE_BEFORE: u8 = 2;
 /// Tag of a put entry followed by its before-image.
 const PUT_BEFORE: u8 = 3;
+
+/// Bytes a stored chunk of a change log reaches before the next entry starts another (see
+/// [`chunks`]).
+///
+/// A batch's logs are several MiB per partition. Stored whole, each was one table-file block
+/// of that size: RocksDB copied it into a block buffer that grew to it (twice, the second
+/// time to append the block's trailer), on fresh memory, then compressed it in one piece. In
+/// chunks the block buffer is reused, and stays in the CPU's caches.
+pub(crate) const CHUNK_BYTES: usize = 32 << 10;
+
+/// `log` cut at entry boundaries into runs of whole entries: each run the fewest entries
+/// that reach `target` bytes, the last whatever is left. The runs concatenated are `log`;
+/// an entry longer than `target` is a run of its own. A malformed tail (no log the seal
+/// builds has one) is the last run, as it is.
+pub(crate) fn chunks(log: &[u8], target: usize) -> impl Iterator<Item = &[u8]> {
+    let mut rest = log;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut entries = decode(rest);
+        let mut taken = 0;
+        while taken < target {
+            match entries.next() {
+                Some(Ok(_)) => taken = rest.len() - entries.rest.len(),
+                _ => {
+                    taken = rest.len();
+                    break;
+                }
+            }
+        }
+        let (chunk, after) = rest.split_at(taken);
+        rest = after;
+        Some(chunk)
+    })
+}
 
 /// Whether writes to namespace `ns` belong in the change log: state values, list elements
 /// and map entries, and timers (by key; the by-time index mirrors it), so that state and
@@ -283,5 +320,46 @@ mod tests {
         assert_eq!(cut.len(), 4);
         assert!(cut[3].is_err());
         assert_eq!(decode(&[]).count(), 0);
+    }
+
+    #[test]
+    fn chunks_are_runs_of_whole_entries_reaching_the_target() {
+        let mut log = Vec::new();
+        let mut sizes = Vec::new();
+        for i in 0..200usize {
+            let before = log.len();
+            // Entries of 20 to about 1,100 bytes, and one far longer than the target.
+            let value = vec![b'v'; if i == 50 { 5_000 } else { (i * 37) % 1_080 }];
+            push(
+                &mut log,
+                format!("\x02key{i}").as_bytes(),
+                Some(&value),
+                Some(b"old"),
+            );
+            sizes.push(log.len() - before);
+        }
+        for target in [1, 100, 2_048, 4_096, log.len(), log.len() + 1] {
+            let got: Vec<&[u8]> = chunks(&log, target).collect();
+            assert_eq!(got.concat(), log, "target {target}");
+            let mut entry = 0;
+            for (n, chunk) in got.iter().enumerate() {
+                let count = decode(chunk).inspect(|c| assert!(c.is_ok())).count();
+                assert!(count > 0, "target {target}: chunk {n} is empty");
+                let without_last: usize = sizes[entry..entry + count - 1].iter().sum();
+                assert!(
+                    without_last < target,
+                    "target {target}: chunk {n} is not the fewest"
+                );
+                if n + 1 < got.len() {
+                    assert!(chunk.len() >= target, "target {target}: chunk {n} is short");
+                }
+                entry += count;
+            }
+            assert_eq!(entry, sizes.len());
+        }
+        assert_eq!(chunks(&[], 10).count(), 0);
+        let mut bad = log[..100].to_vec();
+        bad.extend_from_slice(b"\xff\xff");
+        assert_eq!(chunks(&bad, 1).collect::<Vec<_>>().concat(), bad);
     }
 }

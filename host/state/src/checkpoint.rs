@@ -654,8 +654,10 @@ impl Checkpoint {
             }
             batch.put(keys::changelog_marker(cl.batch_id), Vec::new());
             for (partition, log) in logs {
-                if !log.is_empty() {
-                    batch.put(keys::changelog_key(cl.batch_id, partition), log);
+                for (n, chunk) in changelog::chunks(&log, changelog::CHUNK_BYTES).enumerate() {
+                    // At most one chunk per entry, and a log has fewer than 2^32 entries.
+                    let key = keys::changelog_chunk_key(cl.batch_id, partition, n as u32);
+                    batch.put(key, chunk.to_vec());
                 }
             }
         }
@@ -712,7 +714,8 @@ impl Checkpoint {
 
     /// Calls `f` with the stored change log of every partition that changed state in
     /// batches `from..=to`, as `(batch, partition, log)` ascending by batch then partition,
-    /// until `f` returns `false`. Decode a log with [`changelog::decode`].
+    /// until `f` returns `false`; a log stored in chunks comes chunk by chunk, in order,
+    /// each a whole number of entries. Decode a log with [`changelog::decode`].
     pub fn scan_changelog(
         &self,
         from: u64,

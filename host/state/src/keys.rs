@@ -335,10 +335,19 @@ pub fn changelog_marker(batch: u64) -> Vec<u8> {
     out
 }
 
-/// The key of one partition's change log of one batch.
+/// The key of one partition's whole change log of one batch, as logs were stored before
+/// they were stored in chunks ([`changelog_chunk_key`]); still read.
 pub fn changelog_key(batch: u64, partition: Partition) -> Vec<u8> {
     let mut out = changelog_marker(batch);
     out.extend_from_slice(&partition.to_be_bytes());
+    out
+}
+
+/// The key of chunk `chunk` of one partition's change log of one batch: chunks sort in
+/// order after the partition's [`changelog_key`], before the next partition's.
+pub fn changelog_chunk_key(batch: u64, partition: Partition, chunk: u32) -> Vec<u8> {
+    let mut out = changelog_key(batch, partition);
+    out.extend_from_slice(&chunk.to_be_bytes());
     out
 }
 
@@ -352,7 +361,8 @@ pub fn changelog_range_from(from: u64) -> (Vec<u8>, Vec<u8>) {
     (changelog_marker(from), vec![CHANGELOG + 1])
 }
 
-/// Splits a change log key into `(batch, partition)`; a batch marker has no partition.
+/// Splits a change log key, whole or chunk, into `(batch, partition)`; a batch marker has
+/// no partition.
 pub fn decode_changelog_key(k: &[u8]) -> Result<(u64, Option<Partition>)> {
     let malformed = || StoreError::Corrupt("malformed change log key".into());
     let rest = match k.split_first() {
@@ -363,7 +373,7 @@ pub fn decode_changelog_key(k: &[u8]) -> Result<(u64, Option<Partition>)> {
     let batch = u64::from_be_bytes(*batch);
     match rest.len() {
         0 => Ok((batch, None)),
-        2 => Ok((batch, Some(Partition::from_be_bytes([rest[0], rest[1]])))),
+        2 | 6 => Ok((batch, Some(Partition::from_be_bytes([rest[0], rest[1]])))),
         _ => Err(malformed()),
     }
 }
@@ -514,6 +524,32 @@ mod tests {
         for t in TIMES {
             assert_eq!(decode_i64(encode_i64(t)), t);
         }
+    }
+
+    #[test]
+    fn change_log_chunks_sort_in_order_within_their_batch_and_partition() {
+        let keys = [
+            changelog_marker(7),
+            changelog_key(7, 0),
+            changelog_chunk_key(7, 0, 0),
+            changelog_chunk_key(7, 0, 1),
+            changelog_chunk_key(7, 0, 256),
+            changelog_chunk_key(7, 1, 0),
+            changelog_chunk_key(8, 0, 0),
+        ];
+        for w in keys.windows(2) {
+            assert!(w[0] < w[1], "{:?} vs {:?}", w[0], w[1]);
+        }
+        let (start, end) = changelog_range(7, 8);
+        assert!(keys[..6].iter().all(|k| start <= *k && *k < end));
+        assert!(keys[6] >= end);
+        assert_eq!(decode_changelog_key(&keys[0]).unwrap(), (7, None));
+        assert_eq!(decode_changelog_key(&keys[1]).unwrap(), (7, Some(0)));
+        assert_eq!(decode_changelog_key(&keys[4]).unwrap(), (7, Some(0)));
+        assert_eq!(decode_changelog_key(&keys[5]).unwrap(), (7, Some(1)));
+        let mut odd = changelog_key(7, 0);
+        odd.push(0);
+        assert!(decode_changelog_key(&odd).is_err());
     }
 
     #[test]
