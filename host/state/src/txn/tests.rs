@@ -106,6 +106,7 @@ fn deletes_after_a_clear_cancel_buffered_puts_only() {
 /// Everything the test below can see of the state.
 type Snapshot = Vec<(
     Option<StoredValue>,
+    Option<StoredValue>,
     Vec<(u64, StoredValue)>,
     Vec<(Vec<u8>, StoredValue)>,
     Vec<i64>,
@@ -113,12 +114,16 @@ type Snapshot = Vec<(
 
 const KEYS: [&[u8]; 5] = [b"", b"a", b"a\0", b"b", b"big"];
 
+/// A second value variable, whose id sorts after the others' in every byte but the last.
+const VAR_AFTER_ALL: u32 = 0x0100_0000;
+
 fn snapshot(txn: &PartitionTxn) -> (Snapshot, Vec<(i64, Vec<u8>)>) {
     let per_key = KEYS
         .iter()
         .map(|k| {
             (
                 txn.value_get(1, k).unwrap(),
+                txn.value_get(VAR_AFTER_ALL, k).unwrap(),
                 txn.list_page(2, k, None, usize::MAX).unwrap(),
                 txn.map_page(3, k, None, usize::MAX).unwrap(),
                 txn.timer_list(k).unwrap(),
@@ -161,9 +166,11 @@ fn sealed_operations_are_sorted_and_reproduce_the_overlay() {
                 v(&format!("{round}/{step}"))
             };
             let uk = (next(120) as u32).to_be_bytes();
-            match next(16) {
+            match next(18) {
                 0..=1 => txn.value_put(1, key, value).unwrap(),
                 2 => txn.value_delete(1, key).unwrap(),
+                16 => txn.value_put(VAR_AFTER_ALL, key, value).unwrap(),
+                17 => txn.value_delete(VAR_AFTER_ALL, key).unwrap(),
                 3..=4 => txn.list_append(2, key, vec![value.clone(), value]).unwrap(),
                 5 => txn.list_clear(2, key).unwrap(),
                 6 => txn.list_put(2, key, vec![value]).unwrap(),
