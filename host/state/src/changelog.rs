@@ -139,10 +139,6 @@ fn push_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(bytes);
 }
 
-/// A logged point write: its key, new value (`None`: deleted), and its before-image when
-/// known without a read (`Some(None)`: the key had no committed value).
-type Logged<'a> = (&'a [u8], Option<&'a [u8]>, Option<Option<&'a [u8]>>);
-
 /// Appends the entries of the logged point writes among `ops`, reading each key's
 /// before-image from `engine` (the committed state the batch ran on) in one batched read;
 /// the operations at the indexes in `known` (ascending) have their before-image given
@@ -153,42 +149,58 @@ pub(crate) fn push_ops(
     known: &[(usize, Option<&[u8]>)],
     engine: &dyn KvEngine,
 ) -> Result<()> {
-    // In op order.
-    let mut known = known.iter().peekable();
-    let logged_ops: Vec<Logged<'_>> = ops
-        .iter()
-        .enumerate()
-        .filter_map(|(i, op)| {
-            let before = known.next_if(|(at, _)| *at == i).map(|(_, before)| *before);
-            match op {
-                WriteOp::Put(k, v) => Some((k.as_slice(), Some(v.as_slice()), before)),
-                WriteOp::Delete(k) => Some((k.as_slice(), None, before)),
-                WriteOp::DeleteRange(..) => None,
-            }
-        })
-        .filter(|(k, _, _)| k.first().is_some_and(|&ns| logged(ns)))
-        .collect();
-    let read: Vec<usize> = (0..logged_ops.len())
-        .filter(|&i| logged_ops[i].2.is_none())
-        .collect();
-    let keys: Vec<&[u8]> = read.iter().map(|&i| logged_ops[i].0).collect();
+    // The logged writes whose before-image is not known, by op index (usually few: the
+    // batch read most of what it wrote).
+    let mut read: Vec<usize> = Vec::new();
+    let mut keys: Vec<&[u8]> = Vec::new();
+    let mut known_at = known.iter().map(|(at, _)| *at).peekable();
+    for (i, op) in ops.iter().enumerate() {
+        let is_known = known_at.next_if_eq(&i).is_some();
+        if let Some((key, _)) = logged_write(op)
+            && !is_known
+        {
+            read.push(i);
+            keys.push(key);
+        }
+    }
     // Entries go out in op order: the known ones before each read one as it is answered
     // (`get_many` answers in order), the rest after.
-    let mut next = 0;
-    engine.get_many(&keys, &mut |j, before| {
-        let at = read[j];
-        for &(k, v, known) in &logged_ops[next..at] {
-            push(out, k, v, known.flatten());
+    let mut known = known.iter().peekable();
+    let mut push_known = |out: &mut Vec<u8>, from: usize, to: usize| {
+        for (i, op) in (from..to).zip(&ops[from..to]) {
+            let before = known.next_if(|(at, _)| *at == i).map(|(_, before)| *before);
+            if let Some((key, value)) = logged_write(op) {
+                push(out, key, value, before.flatten());
+            }
         }
-        let (k, v, _) = logged_ops[at];
-        push(out, k, v, before);
-        next = at + 1;
-        Ok(())
-    })?;
-    for &(k, v, known) in &logged_ops[next..] {
-        push(out, k, v, known.flatten());
+    };
+    let mut next = 0;
+    if !keys.is_empty() {
+        engine.get_many(&keys, &mut |j, before| {
+            let at = read[j];
+            push_known(out, next, at);
+            if let Some((key, value)) = logged_write(&ops[at]) {
+                push(out, key, value, before);
+            }
+            next = at + 1;
+            Ok(())
+        })?;
     }
+    push_known(out, next, ops.len());
     Ok(())
+}
+
+/// The key and new value (`None`: deleted) of a point write the change log records.
+#[inline]
+fn logged_write(op: &WriteOp) -> Option<(&[u8], Option<&[u8]>)> {
+    let (key, value) = match op {
+        WriteOp::Put(k, v) => (k.as_slice(), Some(v.as_slice())),
+        WriteOp::Delete(k) => (k.as_slice(), None),
+        WriteOp::DeleteRange(..) => return None,
+    };
+    key.first()
+        .is_some_and(|&ns| logged(ns))
+        .then_some((key, value))
 }
 
 fn len32(len: usize) -> u32 {
