@@ -2,9 +2,10 @@
 //! element and map entry the batch changed, with its new stored bytes or as a delete.
 //!
 //! A `(batch, partition)`'s log is stored in chunks of whole entries, each a RocksDB value of
-//! about [`CHUNK_BYTES`] ([`keys::changelog_chunk_key`]; logs written before chunks were are
-//! one value, [`keys::changelog_key`], and read the same). The entries are back to back, each `[keylen u32][state key][tag u8]` followed by `[len u32][stored value]`
-//! when the tag is a put (`PUT`, `PUT_BEFORE`). Tags `DELETE_BEFORE` and
+//! about 32 KiB (`CHUNK_BYTES`; [`keys::changelog_chunk_key`]; logs written before chunks were are
+//! one value, [`keys::changelog_key`], and read the same). The entries are back to back,
+//! each `[keylen u32][state key][tag u8]` followed by `[len u32][stored value]` when the tag
+//! is a put (`PUT`, `PUT_BEFORE`). Tags `DELETE_BEFORE` and
 //! `PUT_BEFORE` add the key's before-image, its committed bytes before the batch:
 //! `[present u8]`, then `[len u32][stored value]` when present. Undoing the batches after
 //! `N`, newest first, with the before-images gives the state committed at batch `N` (see
