@@ -6,6 +6,7 @@
 
 mod bad_input;
 mod bench_failover;
+mod bench_rounds;
 mod cluster;
 mod cluster_store;
 mod components;
