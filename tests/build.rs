@@ -16,6 +16,7 @@ const GUESTS: &[&str] = &[
     "scd1",
     "misbehave",
     "state-ops",
+    "state-ops-held",
     "heartbeat-monitor",
     "sessionizer",
     "dedup-ttl",

@@ -43,6 +43,12 @@ fn every_guest_loads_and_describes_itself() {
             "k string, op string, result string",
             None,
         ),
+        (
+            guests::STATE_OPS_HELD,
+            "state-ops",
+            "k string, op string, result string",
+            None,
+        ),
     ];
     for (wasm, name, output, input) in cases {
         let p = rt

@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 use statebox_runtime::Limits;
-use statebox_tests::{EngineQuery, guests};
+use statebox_tests::{EngineQuery, Rng, guests};
 
 /// A state-ops query with one partition, so different keys share one instance and one
 /// RocksDB partition: isolation cannot come from separate storage.
@@ -517,4 +517,120 @@ fn reads_merge_uncommitted_changes_with_committed_state() {
     assert_eq!(r[0], ok(json!([7, 8])));
     assert_eq!(r[1], ok(json!([["z", 1]])));
     assert_eq!(r[4], ok(json!([9])));
+}
+
+/// A random operation of the state-ops guest whose writes the host accepts (held writes that
+/// fail would fail the batch instead of reporting the error), on one of a few keys.
+fn random_op(rng: &mut Rng) -> Value {
+    const KEYS: [&str; 5] = ["a", "b", "c", "d", "e"];
+    const USER_KEYS: [&str; 4] = ["p", "q", "r", "s"];
+    let k = KEYS[rng.below(KEYS.len() as u64) as usize];
+    let v = rng.below(100) as i64;
+    let mk = USER_KEYS[rng.below(USER_KEYS.len() as u64) as usize];
+    let vs: Vec<i64> = (0..rng.below(3)).map(|i| v + i as i64).collect();
+    let (name, args) = match rng.below(26) {
+        0..=2 => ("value-update", json!({"v": v})),
+        3 => ("value-get", json!({})),
+        4 => ("value-exists", json!({})),
+        5 => ("value-clear", json!({})),
+        6..=8 => ("list-append", json!({"v": v})),
+        // An empty list is refused, though not held: the refusal is reported either way.
+        9 => ("list-append-list", json!({ "vs": vs })),
+        10 => ("list-put", json!({ "vs": vs })),
+        11 => ("list-get", json!({})),
+        12 => ("list-count", json!({})),
+        13 => ("list-clear", json!({})),
+        14..=16 => ("map-update", json!({"mk": mk, "v": v})),
+        17 => ("map-get", json!({ "mk": mk })),
+        18 => ("map-contains", json!({ "mk": mk })),
+        19 => ("map-remove", json!({ "mk": mk })),
+        20 => ("map-iter", json!({})),
+        21 => ("map-fill", json!({"v": v, "n": 3})),
+        22 => ("map-clear", json!({})),
+        23 => ("iter-keep", json!({})),
+        24 => ("iter-next", json!({})),
+        _ => (
+            "record-update",
+            json!({"j": format!(r#"{{"name":"n{v}","visits":{v}}}"#)}),
+        ),
+    };
+    op(k, name, args)
+}
+
+/// Writes held back and sent together (`state-ops-held`) give every operation the result it
+/// gets when each write crosses into the host at once (`state-ops`): reads after writes of
+/// the same key and variable, iterators over a list appended to meanwhile, refusals, and
+/// what later batches and a restart read back.
+#[test]
+fn held_writes_give_the_results_of_writes_made_one_by_one() {
+    let mut one_by_one = query();
+    let mut held = EngineQuery::open(guests::STATE_OPS_HELD, "k", 1, Default::default());
+    let mut rng = Rng::new(15);
+    for batch in 0..8 {
+        if batch == 5 {
+            one_by_one.reopen();
+            held.reopen();
+        }
+        let ops: Vec<Value> = (0..300).map(|_| random_op(&mut rng)).collect();
+        // Rows come back key by key, each key's in order.
+        let expected = one_by_one.batch(&ops);
+        assert_eq!(expected.len(), ops.len());
+        assert_eq!(held.batch(&ops), expected, "batch {batch}");
+        // The operations reached state and refused what they should.
+        let results: Vec<Value> = expected
+            .iter()
+            .map(|row| serde_json::from_str(row["result"].as_str().unwrap()).unwrap())
+            .collect();
+        assert!(
+            results.iter().any(|r| r["err"] == "EmptyList"),
+            "batch {batch}"
+        );
+        assert!(
+            results
+                .iter()
+                .any(|r| r["ok"].as_array().is_some_and(|a| a.len() > 2)),
+            "batch {batch}: {results:?}"
+        );
+    }
+    let reads: Vec<Value> = ["a", "b", "c", "d", "e"]
+        .iter()
+        .flat_map(|k| {
+            ["value-get", "list-get", "map-iter", "record-get"].map(|name| op(k, name, json!({})))
+        })
+        .collect();
+    assert_eq!(held.batch(&reads), one_by_one.batch(&reads));
+}
+
+/// A held write the host refuses fails its batch, naming the key it was made for, although
+/// the guest's update returned `Ok`; nothing of the batch is kept.
+#[test]
+fn a_refused_held_write_fails_the_batch_naming_its_key() {
+    let mut q = EngineQuery::open(guests::STATE_OPS_HELD, "k", 1, Default::default());
+    run(&mut q, &[op("a", "value-update", json!({"v": 1}))]);
+    let err = q
+        .try_batch(&[
+            op("a", "value-update", json!({"v": 2})),
+            op("b", "map-update", json!({"mk": "p", "v": 3})),
+            // No `v`: null, which a list refuses.
+            op("b", "list-append", json!({})),
+            op("c", "value-update", json!({"v": 4})),
+        ])
+        .unwrap_err()
+        .to_string();
+    for fragment in ["\"b\"", "null"] {
+        assert!(err.contains(fragment), "`{fragment}` missing from: {err}");
+    }
+    // The failed file is read again by the next run: it now holds reads only.
+    let reads = [
+        op("a", "value-get", json!({})),
+        op("b", "map-get", json!({"mk": "p"})),
+        op("c", "value-get", json!({})),
+    ];
+    q.rewrite_last(&reads);
+    let (_, rows) = q.run_available().unwrap();
+    let r: Vec<Value> = rows
+        .iter()
+        .map(|row| serde_json::from_str(row["result"].as_str().unwrap()).unwrap())
+        .collect();
+    assert_eq!(r, [ok(json!(1)), ok(Value::Null), ok(Value::Null)]);
 }

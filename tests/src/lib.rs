@@ -28,6 +28,8 @@ pub mod guests {
     pub const MISBEHAVE: &str = env!("STATEBOX_GUEST_MISBEHAVE");
     /// `tests/guests/state-ops`.
     pub const STATE_OPS: &str = env!("STATEBOX_GUEST_STATE_OPS");
+    /// `tests/guests/state-ops-held`: `state-ops` with its writes held back.
+    pub const STATE_OPS_HELD: &str = env!("STATEBOX_GUEST_STATE_OPS_HELD");
 }
 
 /// The profile directory the test binary runs from (`<target>/release`), where cargo also

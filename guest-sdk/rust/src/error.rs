@@ -63,6 +63,7 @@ impl ErrorKind {
 /// Like `anyhow::Error`, any `std::error::Error` converts into it with `?`, so it does not
 /// implement `std::error::Error` itself (that would make the blanket conversion overlap with
 /// `From<Error> for Error`).
+#[derive(Clone)]
 pub struct Error {
     kind: ErrorKind,
     message: String,

@@ -87,6 +87,7 @@ mod alloc;
 mod emit;
 mod error;
 mod handle;
+mod held;
 mod key;
 pub mod log;
 mod processor;

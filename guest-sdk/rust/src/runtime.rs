@@ -119,6 +119,7 @@ pub mod wit_glue {
     };
 
     use super::{decode_host_rows, decode_initial_state};
+    use crate::held;
     use crate::{Emitter, ExpiredTimerInfo, Handle, Key, StatefulProcessor, TimeMode, TimerValues};
 
     /// The processor's self-description.
@@ -211,9 +212,31 @@ pub mod wit_glue {
     ) -> Result<T, BatchError> {
         let index = u32::try_from(index).unwrap_or(u32::MAX);
         let at = |error| BatchError { index, error };
+        held::select(index);
         use_key(index)
             .map_err(|e| at(ProcessorError::Failed(format!("use-key: {}", e.message))))?;
         handler().map_err(at)
+    }
+
+    /// Runs a batched call's entries (with writes held if `P` asks for it), then sends the
+    /// writes still held. A held write the host rejected fails the call, named by its entry.
+    fn batch<P: StatefulProcessor>(
+        run: impl FnOnce() -> Result<Vec<Vec<String>>, BatchError>,
+    ) -> Result<Vec<Vec<String>>, BatchError> {
+        let _held = held::Batch::start(P::HOLD_WRITES);
+        let results = run();
+        let failed = match &results {
+            Ok(_) => held::finish(),
+            // The call fails anyway; a held write rejected earlier may be why.
+            Err(_) => held::failure(),
+        };
+        match failed {
+            Some((index, error)) => Err(BatchError {
+                index,
+                error: error.into_host(),
+            }),
+            None => results,
+        }
     }
 
     /// Runs `handle_input_rows` for each key of a batched call, in order.
@@ -222,11 +245,13 @@ pub mod wit_glue {
         groups: Vec<WitKeyRows>,
         values: WitTimerValues,
     ) -> Result<Vec<Vec<String>>, BatchError> {
-        groups
-            .into_iter()
-            .enumerate()
-            .map(|(i, g)| entry(i, || handle_input_rows(slot, g.key, g.rows, values)))
-            .collect()
+        batch::<P>(|| {
+            groups
+                .into_iter()
+                .enumerate()
+                .map(|(i, g)| entry(i, || handle_input_rows(slot, g.key, g.rows, values)))
+                .collect()
+        })
     }
 
     /// Runs `handle_expired_timer` for each timer of a batched call, in order.
@@ -235,15 +260,17 @@ pub mod wit_glue {
         timers: Vec<WitKeyTimer>,
         values: WitTimerValues,
     ) -> Result<Vec<Vec<String>>, BatchError> {
-        timers
-            .into_iter()
-            .enumerate()
-            .map(|(i, t)| {
-                entry(i, || {
-                    handle_expired_timer(slot, t.key, values, t.expired_timer_info)
+        batch::<P>(|| {
+            timers
+                .into_iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    entry(i, || {
+                        handle_expired_timer(slot, t.key, values, t.expired_timer_info)
+                    })
                 })
-            })
-            .collect()
+                .collect()
+        })
     }
 
     /// Runs `handle_initial_state` for one initial-state row.

@@ -13,9 +13,10 @@ use std::marker::PhantomData;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::__private::bindings::statebox::processor::keys::Write;
 use crate::__private::bindings::statebox::processor::state as wit;
 use crate::error::LiftHost;
-use crate::{Error, Result};
+use crate::{Error, Result, held};
 
 #[cfg(not(target_arch = "wasm32"))]
 use crate::mem::MemVar;
@@ -50,13 +51,21 @@ fn encode_all<T: Serialize>(what: &str, values: &[T]) -> Result<Vec<String>> {
 /// `"name string, visits int"`.
 pub struct ValueState<T> {
     backend: Backend<wit::ValueState>,
+    /// The variable's number in the host (0 in the test harness).
+    number: u32,
     _value: PhantomData<fn() -> T>,
 }
 
 impl<T: Serialize + DeserializeOwned> ValueState<T> {
     pub(crate) fn new(backend: Backend<wit::ValueState>) -> Self {
+        let number = match &backend {
+            Backend::Host(state) => state.number(),
+            #[cfg(not(target_arch = "wasm32"))]
+            Backend::Mem(_) => 0,
+        };
         ValueState {
             backend,
+            number,
             _value: PhantomData,
         }
     }
@@ -64,7 +73,10 @@ impl<T: Serialize + DeserializeOwned> ValueState<T> {
     /// Whether the current key has a value.
     pub fn exists(&self) -> Result<bool> {
         match &self.backend {
-            Backend::Host(state) => state.exists().lift(),
+            Backend::Host(state) => {
+                held::sync(self.number)?;
+                state.exists().lift()
+            }
             #[cfg(not(target_arch = "wasm32"))]
             Backend::Mem(var) => var.value_exists(),
         }
@@ -73,7 +85,10 @@ impl<T: Serialize + DeserializeOwned> ValueState<T> {
     /// The current key's value, or `None`.
     pub fn get(&self) -> Result<Option<T>> {
         let json = match &self.backend {
-            Backend::Host(state) => state.get().lift()?,
+            Backend::Host(state) => {
+                held::sync(self.number)?;
+                state.get().lift()?
+            }
             #[cfg(not(target_arch = "wasm32"))]
             Backend::Mem(var) => var.value_get()?,
         };
@@ -84,6 +99,9 @@ impl<T: Serialize + DeserializeOwned> ValueState<T> {
     pub fn update(&self, value: &T) -> Result<()> {
         let json = encode("value state", value)?;
         match &self.backend {
+            Backend::Host(_) if held::holding() => {
+                held::hold(self.number, Write::ValueUpdate(json))
+            }
             Backend::Host(state) => state.update(&json).lift(),
             #[cfg(not(target_arch = "wasm32"))]
             Backend::Mem(var) => var.value_update(json),
@@ -93,7 +111,10 @@ impl<T: Serialize + DeserializeOwned> ValueState<T> {
     /// Removes the current key's value.
     pub fn clear(&self) -> Result<()> {
         match &self.backend {
-            Backend::Host(state) => state.clear().lift(),
+            Backend::Host(state) => {
+                held::sync(self.number)?;
+                state.clear().lift()
+            }
             #[cfg(not(target_arch = "wasm32"))]
             Backend::Mem(var) => var.value_clear(),
         }
@@ -106,13 +127,21 @@ impl<T: Serialize + DeserializeOwned> ValueState<T> {
 /// iterator that fetches the list from the host page by page.
 pub struct ListState<T> {
     backend: Backend<wit::ListState>,
+    /// The variable's number in the host (0 in the test harness).
+    number: u32,
     _value: PhantomData<fn() -> T>,
 }
 
 impl<T: Serialize + DeserializeOwned> ListState<T> {
     pub(crate) fn new(backend: Backend<wit::ListState>) -> Self {
+        let number = match &backend {
+            Backend::Host(state) => state.number(),
+            #[cfg(not(target_arch = "wasm32"))]
+            Backend::Mem(_) => 0,
+        };
         ListState {
             backend,
+            number,
             _value: PhantomData,
         }
     }
@@ -120,7 +149,10 @@ impl<T: Serialize + DeserializeOwned> ListState<T> {
     /// Whether the current key's list has at least one element.
     pub fn exists(&self) -> Result<bool> {
         match &self.backend {
-            Backend::Host(state) => state.exists().lift(),
+            Backend::Host(state) => {
+                held::sync(self.number)?;
+                state.exists().lift()
+            }
             #[cfg(not(target_arch = "wasm32"))]
             Backend::Mem(var) => var.list_exists(),
         }
@@ -130,7 +162,10 @@ impl<T: Serialize + DeserializeOwned> ListState<T> {
     /// valid only during the handler call that created it.
     pub fn get(&self) -> Result<Iter<T>> {
         match &self.backend {
-            Backend::Host(state) => Ok(Iter::host(state.get().lift()?)),
+            Backend::Host(state) => {
+                held::sync(self.number)?;
+                Ok(Iter::host(state.get().lift()?, self.number))
+            }
             #[cfg(not(target_arch = "wasm32"))]
             Backend::Mem(var) => Ok(Iter::buffered(var.list_get()?)),
         }
@@ -141,7 +176,10 @@ impl<T: Serialize + DeserializeOwned> ListState<T> {
     pub fn put(&self, values: &[T]) -> Result<()> {
         let json = encode_all("list element", values)?;
         match &self.backend {
-            Backend::Host(state) => state.put(&json).lift(),
+            Backend::Host(state) => {
+                held::sync(self.number)?;
+                state.put(&json).lift()
+            }
             #[cfg(not(target_arch = "wasm32"))]
             Backend::Mem(var) => var.list_put(json),
         }
@@ -151,6 +189,7 @@ impl<T: Serialize + DeserializeOwned> ListState<T> {
     pub fn append_value(&self, value: &T) -> Result<()> {
         let json = encode("list element", value)?;
         match &self.backend {
+            Backend::Host(_) if held::holding() => held::hold(self.number, Write::ListAppend(json)),
             Backend::Host(state) => state.append_value(&json).lift(),
             #[cfg(not(target_arch = "wasm32"))]
             Backend::Mem(var) => var.list_append(vec![json]),
@@ -162,7 +201,10 @@ impl<T: Serialize + DeserializeOwned> ListState<T> {
     pub fn append_list(&self, values: &[T]) -> Result<()> {
         let json = encode_all("list element", values)?;
         match &self.backend {
-            Backend::Host(state) => state.append_list(&json).lift(),
+            Backend::Host(state) => {
+                held::sync(self.number)?;
+                state.append_list(&json).lift()
+            }
             #[cfg(not(target_arch = "wasm32"))]
             Backend::Mem(var) => var.list_append(json),
         }
@@ -171,7 +213,10 @@ impl<T: Serialize + DeserializeOwned> ListState<T> {
     /// Removes the current key's list.
     pub fn clear(&self) -> Result<()> {
         match &self.backend {
-            Backend::Host(state) => state.clear().lift(),
+            Backend::Host(state) => {
+                held::sync(self.number)?;
+                state.clear().lift()
+            }
             #[cfg(not(target_arch = "wasm32"))]
             Backend::Mem(var) => var.list_clear(),
         }
@@ -185,6 +230,8 @@ impl<T: Serialize + DeserializeOwned> ListState<T> {
 /// `&str`.
 pub struct MapState<K, V> {
     backend: Backend<wit::MapState>,
+    /// The variable's number in the host (0 in the test harness).
+    number: u32,
     _entry: PhantomData<fn() -> (K, V)>,
 }
 
@@ -194,8 +241,14 @@ where
     V: Serialize + DeserializeOwned,
 {
     pub(crate) fn new(backend: Backend<wit::MapState>) -> Self {
+        let number = match &backend {
+            Backend::Host(state) => state.number(),
+            #[cfg(not(target_arch = "wasm32"))]
+            Backend::Mem(_) => 0,
+        };
         MapState {
             backend,
+            number,
             _entry: PhantomData,
         }
     }
@@ -203,7 +256,10 @@ where
     /// Whether the current key's map has at least one entry.
     pub fn exists(&self) -> Result<bool> {
         match &self.backend {
-            Backend::Host(state) => state.exists().lift(),
+            Backend::Host(state) => {
+                held::sync(self.number)?;
+                state.exists().lift()
+            }
             #[cfg(not(target_arch = "wasm32"))]
             Backend::Mem(var) => var.map_exists(),
         }
@@ -217,7 +273,10 @@ where
     {
         let key = encode("map key", key)?;
         let json = match &self.backend {
-            Backend::Host(state) => state.get_value(&key).lift()?,
+            Backend::Host(state) => {
+                held::sync(self.number)?;
+                state.get_value(&key).lift()?
+            }
             #[cfg(not(target_arch = "wasm32"))]
             Backend::Mem(var) => var.map_get(&key)?,
         };
@@ -232,7 +291,10 @@ where
     {
         let key = encode("map key", key)?;
         match &self.backend {
-            Backend::Host(state) => state.contains_key(&key).lift(),
+            Backend::Host(state) => {
+                held::sync(self.number)?;
+                state.contains_key(&key).lift()
+            }
             #[cfg(not(target_arch = "wasm32"))]
             Backend::Mem(var) => var.map_contains(&key),
         }
@@ -247,6 +309,9 @@ where
         let key = encode("map key", key)?;
         let value = encode("map value", value)?;
         match &self.backend {
+            Backend::Host(_) if held::holding() => {
+                held::hold(self.number, Write::MapUpdate(wit::MapEntry { key, value }))
+            }
             Backend::Host(state) => state.update_value(&key, &value).lift(),
             #[cfg(not(target_arch = "wasm32"))]
             Backend::Mem(var) => var.map_update(&key, value),
@@ -261,7 +326,10 @@ where
     {
         let key = encode("map key", key)?;
         match &self.backend {
-            Backend::Host(state) => state.remove_key(&key).lift(),
+            Backend::Host(state) => {
+                held::sync(self.number)?;
+                state.remove_key(&key).lift()
+            }
             #[cfg(not(target_arch = "wasm32"))]
             Backend::Mem(var) => var.map_remove(&key),
         }
@@ -271,7 +339,10 @@ where
     /// during the handler call that created it.
     pub fn iter(&self) -> Result<MapIter<K, V>> {
         match &self.backend {
-            Backend::Host(state) => Ok(MapIter::host(state.iterator().lift()?)),
+            Backend::Host(state) => {
+                held::sync(self.number)?;
+                Ok(MapIter::host(state.iterator().lift()?, self.number))
+            }
             #[cfg(not(target_arch = "wasm32"))]
             Backend::Mem(var) => Ok(MapIter::buffered(var.map_entries()?)),
         }
@@ -280,7 +351,10 @@ where
     /// Iterates the current key's user keys lazily, in order.
     pub fn keys(&self) -> Result<Iter<K>> {
         match &self.backend {
-            Backend::Host(state) => Ok(Iter::host(state.keys().lift()?)),
+            Backend::Host(state) => {
+                held::sync(self.number)?;
+                Ok(Iter::host(state.keys().lift()?, self.number))
+            }
             #[cfg(not(target_arch = "wasm32"))]
             Backend::Mem(var) => Ok(Iter::buffered(
                 var.map_entries()?.into_iter().map(|e| e.key).collect(),
@@ -291,7 +365,10 @@ where
     /// Iterates the current key's values lazily, in user-key order.
     pub fn values(&self) -> Result<Iter<V>> {
         match &self.backend {
-            Backend::Host(state) => Ok(Iter::host(state.values().lift()?)),
+            Backend::Host(state) => {
+                held::sync(self.number)?;
+                Ok(Iter::host(state.values().lift()?, self.number))
+            }
             #[cfg(not(target_arch = "wasm32"))]
             Backend::Mem(var) => Ok(Iter::buffered(
                 var.map_entries()?.into_iter().map(|e| e.value).collect(),
@@ -302,7 +379,10 @@ where
     /// Removes every entry of the current key; other keys are untouched.
     pub fn clear(&self) -> Result<()> {
         match &self.backend {
-            Backend::Host(state) => state.clear().lift(),
+            Backend::Host(state) => {
+                held::sync(self.number)?;
+                state.clear().lift()
+            }
             #[cfg(not(target_arch = "wasm32"))]
             Backend::Mem(var) => var.map_clear(),
         }
@@ -314,14 +394,17 @@ where
 /// is yielded; after an error it ends.
 pub struct Iter<T> {
     source: Option<wit::JsonIterator>,
+    /// The variable iterated (its number), whose held writes a page must see.
+    number: u32,
     page: std::vec::IntoIter<String>,
     _item: PhantomData<fn() -> T>,
 }
 
 impl<T> Iter<T> {
-    fn host(source: wit::JsonIterator) -> Self {
+    fn host(source: wit::JsonIterator, number: u32) -> Self {
         Iter {
             source: Some(source),
+            number,
             page: Vec::new().into_iter(),
             _item: PhantomData,
         }
@@ -331,6 +414,7 @@ impl<T> Iter<T> {
     fn buffered(items: Vec<String>) -> Self {
         Iter {
             source: None,
+            number: 0,
             page: items.into_iter(),
             _item: PhantomData,
         }
@@ -346,6 +430,10 @@ impl<T: DeserializeOwned> Iterator for Iter<T> {
                 return Some(decode("state element", &json));
             }
             let source = self.source.as_ref()?;
+            if let Err(err) = held::sync(self.number) {
+                self.source = None;
+                return Some(Err(err));
+            }
             match source.next_page(PAGE_SIZE) {
                 Ok(page) if page.is_empty() => self.source = None,
                 Ok(page) => self.page = page.into_iter(),
@@ -362,14 +450,17 @@ impl<T: DeserializeOwned> Iterator for Iter<T> {
 /// fetches 256 entries from the host at a time; after an error it ends.
 pub struct MapIter<K, V> {
     source: Option<wit::MapIterator>,
+    /// The variable iterated (its number), whose held writes a page must see.
+    number: u32,
     page: std::vec::IntoIter<wit::MapEntry>,
     _entry: PhantomData<fn() -> (K, V)>,
 }
 
 impl<K, V> MapIter<K, V> {
-    fn host(source: wit::MapIterator) -> Self {
+    fn host(source: wit::MapIterator, number: u32) -> Self {
         MapIter {
             source: Some(source),
+            number,
             page: Vec::new().into_iter(),
             _entry: PhantomData,
         }
@@ -379,6 +470,7 @@ impl<K, V> MapIter<K, V> {
     fn buffered(entries: Vec<wit::MapEntry>) -> Self {
         MapIter {
             source: None,
+            number: 0,
             page: entries.into_iter(),
             _entry: PhantomData,
         }
@@ -396,6 +488,10 @@ impl<K: DeserializeOwned, V: DeserializeOwned> Iterator for MapIter<K, V> {
                 return Some(decoded);
             }
             let source = self.source.as_ref()?;
+            if let Err(err) = held::sync(self.number) {
+                self.source = None;
+                return Some(Err(err));
+            }
             match source.next_page(PAGE_SIZE) {
                 Ok(page) if page.is_empty() => self.source = None,
                 Ok(page) => self.page = page.into_iter(),

@@ -23,9 +23,15 @@
 /// Runs a state operation on the current key's transaction, in an import of [`HostView`]
 /// returning `wasmtime::Result<Result<_, StateError>>`: the phase's refusal returns the WIT
 /// error, a storage failure traps (and is remembered for the report).
+///
+/// With an entry (`Some(index)`), the operation acts on that entry's key of the batched call
+/// in progress instead of the selected one (`keys.apply-writes`).
 macro_rules! op {
-    ($view:ident, $what:expr, |$txn:ident, $key:ident| $body:expr) => {{
-        let ($txn, $key) = match $view.state.access($what) {
+    ($view:ident, $what:expr, |$txn:ident, $key:ident| $body:expr) => {
+        op!($view, $what, None, |$txn, $key| $body)
+    };
+    ($view:ident, $what:expr, $entry:expr, |$txn:ident, $key:ident| $body:expr) => {{
+        let ($txn, $key) = match $view.state.access_at($what, $entry) {
             Ok(x) => x,
             Err(e) => return Ok(Err(e)),
         };

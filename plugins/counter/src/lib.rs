@@ -75,6 +75,8 @@ impl StatefulProcessor for Counter {
 
     const NAME: &'static str = "counter";
     const OUTPUT_SCHEMA: &'static str = "key string, count long";
+    // Its writes cannot fail, and the host takes them three to a key: sent together.
+    const HOLD_WRITES: bool = true;
 
     fn init(handle: &mut Handle) -> Result<Self> {
         Ok(Counter {

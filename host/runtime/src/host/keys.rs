@@ -1,9 +1,12 @@
 //! The `keys` interface: in a batched call, the guest selects which of the call's entries
-//! its state and timer operations act on. It names an index, never a key.
+//! its state and timer operations act on, and sends the writes it held back for several
+//! entries at once. It names an index, never a key.
+
+use wasmtime::component::Resource;
 
 use super::HostView;
 use super::state::err;
-use crate::bindings::statebox::processor::keys;
+use crate::bindings::statebox::processor::keys::{self, BufferedWrite, Write, WriteFailure};
 use crate::bindings::statebox::processor::types::{ErrorKind, StateError};
 
 impl keys::Host for HostView<'_> {
@@ -47,6 +50,34 @@ impl keys::Host for HostView<'_> {
         }
         batch.selected = Some(index);
         batch.keys[index].clone_into(&mut self.state.key);
+        Ok(Ok(()))
+    }
+
+    fn apply_writes(
+        &mut self,
+        writes: Vec<BufferedWrite>,
+    ) -> wasmtime::Result<Result<(), WriteFailure>> {
+        for (position, w) in writes.into_iter().enumerate() {
+            let entry = Some(w.entry);
+            let applied = match w.write {
+                Write::ValueUpdate(value) => {
+                    self.value_update(&Resource::new_borrow(w.variable), value, entry)?
+                }
+                Write::ListAppend(value) => {
+                    self.list_append_value(&Resource::new_borrow(w.variable), value, entry)?
+                }
+                Write::MapUpdate(e) => self.map_update_value(
+                    &Resource::new_borrow(w.variable),
+                    &e.key,
+                    e.value,
+                    entry,
+                )?,
+            };
+            if let Err(error) = applied {
+                let position = u32::try_from(position).unwrap_or(u32::MAX);
+                return Ok(Err(WriteFailure { position, error }));
+            }
+        }
         Ok(Ok(()))
     }
 }

@@ -224,6 +224,16 @@ impl StateCtx {
     /// Checks the phase for a state or timer operation and returns the partition's
     /// transaction and the current key.
     pub(super) fn access(&mut self, what: &str) -> Result<(&mut PartitionTxn, &str), StateError> {
+        self.access_at(what, None)
+    }
+
+    /// As [`access`](Self::access), for the key of entry `entry` of the batched call in
+    /// progress when given (whether or not it is the selected one), else the current key.
+    pub(super) fn access_at(
+        &mut self,
+        what: &str,
+        entry: Option<u32>,
+    ) -> Result<(&mut PartitionTxn, &str), StateError> {
         if self.phase != Phase::Handler {
             let phase = match self.phase {
                 Phase::Init => "init",
@@ -237,14 +247,35 @@ impl StateCtx {
                 ),
             ));
         }
-        if self.batch.as_ref().is_some_and(|b| b.selected.is_none()) {
+        let key = match (entry, self.batch.as_ref()) {
+            (None, _) => &self.key,
+            (Some(entry), Some(batch)) => match batch.keys.get(entry as usize) {
+                Some(key) => key,
+                None => {
+                    return Err(err(
+                        ErrorKind::InvalidUse,
+                        format!(
+                            "{what}: entry {entry}: the call has {} entries",
+                            batch.keys.len()
+                        ),
+                    ));
+                }
+            },
+            (Some(_), None) => {
+                return Err(err(
+                    ErrorKind::InvalidUse,
+                    format!("{what} is allowed only during a batched call"),
+                ));
+            }
+        };
+        if entry.is_none() && self.batch.as_ref().is_some_and(|b| b.selected.is_none()) {
             return Err(err(
                 ErrorKind::WrongPhase,
                 format!("{what}: no key is selected; call use-key first in a batched call"),
             ));
         }
         match self.txn.as_mut() {
-            Some(txn) => Ok((txn, &self.key)),
+            Some(txn) => Ok((txn, key)),
             None => Err(err(
                 ErrorKind::WrongPhase,
                 format!("{what}: no batch is in progress"),

@@ -571,6 +571,131 @@ fn a_batched_call_acts_on_the_selected_key_only() {
 }
 
 #[test]
+fn held_writes_apply_to_their_entries_keys_in_order_and_stop_at_the_first_rejected() {
+    use crate::bindings::statebox::processor::keys::{BufferedWrite, Write};
+    use crate::bindings::statebox::processor::state::MapEntry;
+
+    let mut h = host(TimeMode::None);
+    let d = declare(&mut h);
+    let _cp = lend(&mut h);
+    let mut v = h.view();
+    let (count, items, tags) = (
+        HostValueState::number(&mut v, again(&d.count)).unwrap(),
+        HostListState::number(&mut v, again(&d.items)).unwrap(),
+        HostMapState::number(&mut v, again(&d.tags)).unwrap(),
+    );
+    let write = |entry, variable, write| BufferedWrite {
+        entry,
+        variable,
+        write,
+    };
+    // Outside a batched call there are no entries to name.
+    h.begin_call(KEY);
+    let failure = h
+        .view()
+        .apply_writes(vec![write(0, count, Write::ValueUpdate("1".into()))])
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(
+        failure.error.kind,
+        ErrorKind::InvalidUse,
+        "{}",
+        failure.error.message
+    );
+    h.end_call();
+
+    h.begin_batch_call(vec![KEY.into(), OTHER.into()]);
+    let mut v = h.view();
+    v.use_key(1).unwrap().unwrap();
+    // Entry 0's writes apply to its key although entry 1 is selected; a later write to the
+    // same variable wins.
+    v.apply_writes(vec![
+        write(0, count, Write::ValueUpdate("1".into())),
+        write(1, count, Write::ValueUpdate("2".into())),
+        write(0, items, Write::ListAppend("\"x\"".into())),
+        write(0, items, Write::ListAppend("\"y\"".into())),
+        write(0, count, Write::ValueUpdate("3".into())),
+        write(
+            1,
+            tags,
+            Write::MapUpdate(MapEntry {
+                key: "\"t\"".into(),
+                value: "5".into(),
+            }),
+        ),
+    ])
+    .unwrap()
+    .unwrap();
+    // The selected key is still entry 1's.
+    assert_eq!(
+        HostValueState::get(&mut v, again(&d.count))
+            .unwrap()
+            .unwrap()
+            .as_deref(),
+        Some("2")
+    );
+    // A rejected write stops the list there: the one before it applied, the one after not.
+    let failure = v
+        .apply_writes(vec![
+            write(1, count, Write::ValueUpdate("4".into())),
+            write(0, count, Write::ValueUpdate("\"four\"".into())),
+            write(1, count, Write::ValueUpdate("5".into())),
+        ])
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(failure.position, 1);
+    assert_eq!(failure.error.kind, ErrorKind::SchemaMismatch);
+    assert!(
+        failure.error.message.contains("`count`"),
+        "{}",
+        failure.error.message
+    );
+    // An entry past the call's.
+    let failure = v
+        .apply_writes(vec![write(2, count, Write::ValueUpdate("1".into()))])
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(
+        (failure.position, failure.error.kind),
+        (0, ErrorKind::InvalidUse)
+    );
+    assert!(
+        failure.error.message.contains("2 entries"),
+        "{}",
+        failure.error.message
+    );
+    // A number that is no variable of the write's kind traps, as a forged handle does.
+    assert!(
+        v.apply_writes(vec![write(0, count, Write::ListAppend("\"z\"".into()))])
+            .is_err()
+    );
+    assert!(
+        v.apply_writes(vec![write(0, 9999, Write::ValueUpdate("1".into()))])
+            .is_err()
+    );
+    // What each key holds now, as the guest reads it.
+    let read = |v: &mut HostView<'_>, entry: u32| {
+        v.use_key(entry).unwrap().unwrap();
+        let count = HostValueState::get(v, again(&d.count)).unwrap().unwrap();
+        let list = HostListState::get(v, again(&d.items)).unwrap().unwrap();
+        let items = HostJsonIterator::next_page(v, list, 10).unwrap().unwrap();
+        let tag = v
+            .get_value(again(&d.tags), "\"t\"".into())
+            .unwrap()
+            .unwrap();
+        (count, items, tag)
+    };
+    assert_eq!(
+        read(&mut v, 0),
+        (Some("3".into()), vec!["\"x\"".into(), "\"y\"".into()], None)
+    );
+    assert_eq!(
+        read(&mut v, 1),
+        (Some("4".into()), vec![], Some("5".into()))
+    );
+}
+
+#[test]
 fn an_iterator_works_only_in_its_call_and_for_its_key() {
     let mut h = host(TimeMode::None);
     let d = declare(&mut h);

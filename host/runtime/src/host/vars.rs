@@ -78,14 +78,7 @@ impl state::HostValueState for HostView<'_> {
         this: Resource<ValueStateRes>,
         value: String,
     ) -> wasmtime::Result<Result<(), StateError>> {
-        let var = self.var(&this)?.0.clone();
-        let stored = match self.state.encode_value(&var, value, "value") {
-            Ok(v) => v,
-            Err(e) => return Ok(Err(e)),
-        };
-        op!(self, "value-state.update", |txn, key| txn
-            .value_put(var.id, key, stored));
-        Ok(Ok(()))
+        self.value_update(&this, value, None)
     }
 
     fn clear(&mut self, this: Resource<ValueStateRes>) -> wasmtime::Result<Result<(), StateError>> {
@@ -93,6 +86,11 @@ impl state::HostValueState for HostView<'_> {
         op!(self, "value-state.clear", |txn, key| txn
             .value_delete(var.id, key));
         Ok(Ok(()))
+    }
+
+    fn number(&mut self, this: Resource<ValueStateRes>) -> wasmtime::Result<u32> {
+        self.var(&this)?;
+        Ok(this.rep())
     }
 
     fn drop(&mut self, rep: Resource<ValueStateRes>) -> wasmtime::Result<()> {
@@ -148,14 +146,7 @@ impl state::HostListState for HostView<'_> {
         this: Resource<ListStateRes>,
         value: String,
     ) -> wasmtime::Result<Result<(), StateError>> {
-        let var = self.var(&this)?.0.clone();
-        let values = match self.state.encode_values(&var, vec![value]) {
-            Ok(v) => v,
-            Err(e) => return Ok(Err(e)),
-        };
-        op!(self, "list-state.append-value", |txn, key| txn
-            .list_append(var.id, key, values));
-        Ok(Ok(()))
+        self.list_append_value(&this, value, None)
     }
 
     fn append_list(
@@ -178,6 +169,11 @@ impl state::HostListState for HostView<'_> {
         op!(self, "list-state.clear", |txn, key| txn
             .list_clear(var.id, key));
         Ok(Ok(()))
+    }
+
+    fn number(&mut self, this: Resource<ListStateRes>) -> wasmtime::Result<u32> {
+        self.var(&this)?;
+        Ok(this.rep())
     }
 
     fn drop(&mut self, rep: Resource<ListStateRes>) -> wasmtime::Result<()> {
@@ -234,21 +230,7 @@ impl state::HostMapState for HostView<'_> {
         user_key_json: String,
         value: String,
     ) -> wasmtime::Result<Result<(), StateError>> {
-        let var = self.var(&this)?.0.clone();
-        let uk = match self.map_user_key(&this, &user_key_json)?.and_then(|uk| {
-            self.state.count_written(uk.len())?;
-            Ok(uk)
-        }) {
-            Ok(k) => k,
-            Err(e) => return Ok(Err(e)),
-        };
-        let stored = match self.state.encode_value(&var, value, "map value") {
-            Ok(v) => v,
-            Err(e) => return Ok(Err(e)),
-        };
-        op!(self, "map-state.update-value", |txn, key| txn
-            .map_put(var.id, key, &uk, stored));
-        Ok(Ok(()))
+        self.map_update_value(&this, &user_key_json, value, None)
     }
 
     fn remove_key(
@@ -308,13 +290,76 @@ impl state::HostMapState for HostView<'_> {
         Ok(Ok(()))
     }
 
+    fn number(&mut self, this: Resource<MapStateRes>) -> wasmtime::Result<u32> {
+        self.var(&this)?;
+        Ok(this.rep())
+    }
+
     fn drop(&mut self, rep: Resource<MapStateRes>) -> wasmtime::Result<()> {
         self.sandbox.table.delete(rep)?;
         Ok(())
     }
 }
 
+/// The writes a guest may hold back and send together (`keys.apply-writes`), each for the
+/// current key (`entry` is `None`) or for an entry of the batched call in progress.
 impl HostView<'_> {
+    pub(super) fn value_update(
+        &mut self,
+        this: &Resource<ValueStateRes>,
+        value: String,
+        entry: Option<u32>,
+    ) -> wasmtime::Result<Result<(), StateError>> {
+        let var = self.var(this)?.0.clone();
+        let stored = match self.state.encode_value(&var, value, "value") {
+            Ok(v) => v,
+            Err(e) => return Ok(Err(e)),
+        };
+        op!(self, "value-state.update", entry, |txn, key| txn
+            .value_put(var.id, key, stored));
+        Ok(Ok(()))
+    }
+
+    pub(super) fn list_append_value(
+        &mut self,
+        this: &Resource<ListStateRes>,
+        value: String,
+        entry: Option<u32>,
+    ) -> wasmtime::Result<Result<(), StateError>> {
+        let var = self.var(this)?.0.clone();
+        let values = match self.state.encode_values(&var, vec![value]) {
+            Ok(v) => v,
+            Err(e) => return Ok(Err(e)),
+        };
+        op!(self, "list-state.append-value", entry, |txn, key| txn
+            .list_append(var.id, key, values));
+        Ok(Ok(()))
+    }
+
+    pub(super) fn map_update_value(
+        &mut self,
+        this: &Resource<MapStateRes>,
+        user_key_json: &str,
+        value: String,
+        entry: Option<u32>,
+    ) -> wasmtime::Result<Result<(), StateError>> {
+        let var = self.var(this)?.0.clone();
+        let uk = match self.map_user_key(this, user_key_json)?.and_then(|uk| {
+            self.state.count_written(uk.len())?;
+            Ok(uk)
+        }) {
+            Ok(k) => k,
+            Err(e) => return Ok(Err(e)),
+        };
+        let stored = match self.state.encode_value(&var, value, "map value") {
+            Ok(v) => v,
+            Err(e) => return Ok(Err(e)),
+        };
+        op!(self, "map-state.update-value", entry, |txn, key| txn
+            .map_put(var.id, key, &uk, stored));
+        Ok(Ok(()))
+    }
+
     fn json_iter(
         &mut self,
         this: Resource<MapStateRes>,
