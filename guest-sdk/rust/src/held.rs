@@ -15,7 +15,7 @@
 
 use std::cell::RefCell;
 
-use crate::__private::bindings::statebox::processor::keys::{self as wit, BufferedWrite, Write};
+use crate::__private::bindings::statebox::processor::keys::{self as wit, HeldWrites};
 use crate::Error;
 
 /// Writes kept at most before they are sent.
@@ -24,13 +24,12 @@ pub(crate) const MAX_WRITES: usize = 4096;
 /// JSON bytes kept at most before the writes are sent.
 pub(crate) const MAX_BYTES: usize = 1 << 20;
 
-#[derive(Default)]
 struct Held {
     /// Whether writes are held: inside a batched call of a processor that asks for it.
     on: bool,
     /// The entry selected (the index of the batched call's key being handled).
     entry: u32,
-    writes: Vec<BufferedWrite>,
+    writes: HeldWrites,
     bytes: usize,
     /// Variables (by number) the current entry wrote since its writes were last sent.
     dirty: Vec<u32>,
@@ -38,8 +37,30 @@ struct Held {
     failed: Option<(u32, Error)>,
 }
 
+impl Held {
+    fn new(on: bool) -> Held {
+        Held {
+            on,
+            entry: 0,
+            writes: no_writes(),
+            bytes: 0,
+            dirty: Vec::new(),
+            failed: None,
+        }
+    }
+}
+
+fn no_writes() -> HeldWrites {
+    HeldWrites {
+        entries: Vec::new(),
+        variables: Vec::new(),
+        values: Vec::new(),
+        user_keys: Vec::new(),
+    }
+}
+
 thread_local! {
-    static HELD: RefCell<Held> = RefCell::default();
+    static HELD: RefCell<Held> = RefCell::new(Held::new(false));
 }
 
 /// Holds writes until [`finish`] (or until dropped), if `on`.
@@ -47,19 +68,14 @@ pub(crate) struct Batch;
 
 impl Batch {
     pub(crate) fn start(on: bool) -> Batch {
-        HELD.with_borrow_mut(|held| {
-            *held = Held {
-                on,
-                ..Held::default()
-            };
-        });
+        HELD.with_borrow_mut(|held| *held = Held::new(on));
         Batch
     }
 }
 
 impl Drop for Batch {
     fn drop(&mut self) {
-        HELD.with_borrow_mut(|held| *held = Held::default());
+        HELD.with_borrow_mut(|held| *held = Held::new(false));
     }
 }
 
@@ -71,23 +87,20 @@ pub(crate) fn select(index: u32) {
     });
 }
 
-/// Keeps `write` to variable `variable` (call it only while [`holding`]); sends the held
-/// writes once they are many.
-pub(crate) fn hold(variable: u32, write: Write) -> Result<(), Error> {
+/// Keeps a write of `value` (and for a map, `user_key`) to variable `variable` (call it only
+/// while [`holding`]); sends the held writes once they are many.
+pub(crate) fn hold(variable: u32, value: String, user_key: Option<String>) -> Result<(), Error> {
     let full = HELD.with_borrow_mut(|held| {
-        held.bytes += match &write {
-            Write::ValueUpdate(json) | Write::ListAppend(json) => json.len(),
-            Write::MapUpdate(entry) => entry.key.len() + entry.value.len(),
-        };
-        held.writes.push(BufferedWrite {
-            entry: held.entry,
-            variable,
-            write,
-        });
+        held.bytes += value.len() + user_key.as_ref().map_or(0, String::len);
+        let writes = &mut held.writes;
+        writes.entries.push(held.entry);
+        writes.variables.push(variable);
+        writes.values.push(value);
+        writes.user_keys.extend(user_key);
         if !held.dirty.contains(&variable) {
             held.dirty.push(variable);
         }
-        held.writes.len() >= MAX_WRITES || held.bytes >= MAX_BYTES
+        writes.entries.len() >= MAX_WRITES || held.bytes >= MAX_BYTES
     });
     if full { send() } else { Ok(()) }
 }
@@ -112,9 +125,9 @@ fn send() -> Result<(), Error> {
     let writes = HELD.with_borrow_mut(|held| {
         held.dirty.clear();
         held.bytes = 0;
-        std::mem::take(&mut held.writes)
+        std::mem::replace(&mut held.writes, no_writes())
     });
-    if writes.is_empty() {
+    if writes.entries.is_empty() {
         return HELD.with_borrow(|held| match &held.failed {
             Some((_, e)) => Err(e.clone()),
             None => Ok(()),
@@ -124,8 +137,10 @@ fn send() -> Result<(), Error> {
         Ok(()) => Ok(()),
         Err(failure) => {
             let entry = writes
+                .entries
                 .get(failure.position as usize)
-                .map_or(u32::MAX, |w| w.entry);
+                .copied()
+                .unwrap_or(u32::MAX);
             let error = Error::from_host(failure.error);
             HELD.with_borrow_mut(|held| {
                 // Later writes are not sent: the batched call fails.

@@ -13,7 +13,6 @@ use std::marker::PhantomData;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::__private::bindings::statebox::processor::keys::Write;
 use crate::__private::bindings::statebox::processor::state as wit;
 use crate::error::LiftHost;
 use crate::{Error, Result, held};
@@ -99,9 +98,7 @@ impl<T: Serialize + DeserializeOwned> ValueState<T> {
     pub fn update(&self, value: &T) -> Result<()> {
         let json = encode("value state", value)?;
         match &self.backend {
-            Backend::Host(_) if held::holding() => {
-                held::hold(self.number, Write::ValueUpdate(json))
-            }
+            Backend::Host(_) if held::holding() => held::hold(self.number, json, None),
             Backend::Host(state) => state.update(&json).lift(),
             #[cfg(not(target_arch = "wasm32"))]
             Backend::Mem(var) => var.value_update(json),
@@ -189,7 +186,7 @@ impl<T: Serialize + DeserializeOwned> ListState<T> {
     pub fn append_value(&self, value: &T) -> Result<()> {
         let json = encode("list element", value)?;
         match &self.backend {
-            Backend::Host(_) if held::holding() => held::hold(self.number, Write::ListAppend(json)),
+            Backend::Host(_) if held::holding() => held::hold(self.number, json, None),
             Backend::Host(state) => state.append_value(&json).lift(),
             #[cfg(not(target_arch = "wasm32"))]
             Backend::Mem(var) => var.list_append(vec![json]),
@@ -309,9 +306,7 @@ where
         let key = encode("map key", key)?;
         let value = encode("map value", value)?;
         match &self.backend {
-            Backend::Host(_) if held::holding() => {
-                held::hold(self.number, Write::MapUpdate(wit::MapEntry { key, value }))
-            }
+            Backend::Host(_) if held::holding() => held::hold(self.number, value, Some(key)),
             Backend::Host(state) => state.update_value(&key, &value).lift(),
             #[cfg(not(target_arch = "wasm32"))]
             Backend::Mem(var) => var.map_update(&key, value),

@@ -6,7 +6,8 @@ use wasmtime::component::Resource;
 
 use super::HostView;
 use super::state::err;
-use crate::bindings::statebox::processor::keys::{self, BufferedWrite, Write, WriteFailure};
+use super::state::{ListStateRes, MapStateRes, ValueStateRes};
+use crate::bindings::statebox::processor::keys::{self, HeldWrites, WriteFailure};
 use crate::bindings::statebox::processor::types::{ErrorKind, StateError};
 
 impl keys::Host for HostView<'_> {
@@ -53,30 +54,67 @@ impl keys::Host for HostView<'_> {
         Ok(Ok(()))
     }
 
-    fn apply_writes(
-        &mut self,
-        writes: Vec<BufferedWrite>,
-    ) -> wasmtime::Result<Result<(), WriteFailure>> {
-        for (position, w) in writes.into_iter().enumerate() {
-            let entry = Some(w.entry);
-            let applied = match w.write {
-                Write::ValueUpdate(value) => {
-                    self.value_update(&Resource::new_borrow(w.variable), value, entry)?
-                }
-                Write::ListAppend(value) => {
-                    self.list_append_value(&Resource::new_borrow(w.variable), value, entry)?
-                }
-                Write::MapUpdate(e) => self.map_update_value(
-                    &Resource::new_borrow(w.variable),
-                    &e.key,
-                    e.value,
-                    entry,
-                )?,
+    fn apply_writes(&mut self, writes: HeldWrites) -> wasmtime::Result<Result<(), WriteFailure>> {
+        let HeldWrites {
+            entries,
+            variables,
+            values,
+            user_keys,
+        } = writes;
+        let failure = |position: usize, error| {
+            let position = u32::try_from(position).unwrap_or(u32::MAX);
+            Ok(Err(WriteFailure { position, error }))
+        };
+        if entries.len() != variables.len() || entries.len() != values.len() {
+            let lengths = (entries.len(), variables.len(), values.len());
+            return failure(
+                lengths.0.min(lengths.1).min(lengths.2),
+                err(
+                    ErrorKind::InvalidUse,
+                    format!(
+                        "apply-writes: {} entries, {} variables and {} values: one each per write",
+                        lengths.0, lengths.1, lengths.2
+                    ),
+                ),
+            );
+        }
+        let values_len = values.len();
+        let mut user_keys = user_keys.into_iter();
+        let writes = entries.into_iter().zip(variables).zip(values);
+        for (position, ((entry, variable), value)) in writes.enumerate() {
+            let entry = Some(entry);
+            let any = self.sandbox.table.get_any_mut(variable)?;
+            let applied = if any.is::<ValueStateRes>() {
+                self.value_update(&Resource::new_borrow(variable), value, entry)?
+            } else if any.is::<ListStateRes>() {
+                self.list_append_value(&Resource::new_borrow(variable), value, entry)?
+            } else if any.is::<MapStateRes>() {
+                let Some(user_key) = user_keys.next() else {
+                    return failure(
+                        position,
+                        err(
+                            ErrorKind::InvalidUse,
+                            format!("apply-writes: write {position} to a map has no user key"),
+                        ),
+                    );
+                };
+                self.map_update_value(&Resource::new_borrow(variable), &user_key, value, entry)?
+            } else {
+                wasmtime::bail!("apply-writes: {variable} is not the number of a state variable");
             };
             if let Err(error) = applied {
-                let position = u32::try_from(position).unwrap_or(u32::MAX);
-                return Ok(Err(WriteFailure { position, error }));
+                return failure(position, error);
             }
+        }
+        let extra = user_keys.len();
+        if extra > 0 {
+            return failure(
+                values_len,
+                err(
+                    ErrorKind::InvalidUse,
+                    format!("apply-writes: {extra} user keys more than the writes to maps"),
+                ),
+            );
         }
         Ok(Ok(()))
     }

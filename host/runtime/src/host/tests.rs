@@ -572,8 +572,7 @@ fn a_batched_call_acts_on_the_selected_key_only() {
 
 #[test]
 fn held_writes_apply_to_their_entries_keys_in_order_and_stop_at_the_first_rejected() {
-    use crate::bindings::statebox::processor::keys::{BufferedWrite, Write};
-    use crate::bindings::statebox::processor::state::MapEntry;
+    use crate::bindings::statebox::processor::keys::HeldWrites;
 
     let mut h = host(TimeMode::None);
     let d = declare(&mut h);
@@ -584,16 +583,18 @@ fn held_writes_apply_to_their_entries_keys_in_order_and_stop_at_the_first_reject
         HostListState::number(&mut v, again(&d.items)).unwrap(),
         HostMapState::number(&mut v, again(&d.tags)).unwrap(),
     );
-    let write = |entry, variable, write| BufferedWrite {
-        entry,
-        variable,
-        write,
+    // Writes as (entry, variable, value), and the map writes' user keys.
+    let writes = |writes: &[(u32, u32, &str)], user_keys: &[&str]| HeldWrites {
+        entries: writes.iter().map(|w| w.0).collect(),
+        variables: writes.iter().map(|w| w.1).collect(),
+        values: writes.iter().map(|w| w.2.to_owned()).collect(),
+        user_keys: user_keys.iter().map(|&k| k.to_owned()).collect(),
     };
     // Outside a batched call there are no entries to name.
     h.begin_call(KEY);
     let failure = h
         .view()
-        .apply_writes(vec![write(0, count, Write::ValueUpdate("1".into()))])
+        .apply_writes(writes(&[(0, count, "1")], &[]))
         .unwrap()
         .unwrap_err();
     assert_eq!(
@@ -609,21 +610,17 @@ fn held_writes_apply_to_their_entries_keys_in_order_and_stop_at_the_first_reject
     v.use_key(1).unwrap().unwrap();
     // Entry 0's writes apply to its key although entry 1 is selected; a later write to the
     // same variable wins.
-    v.apply_writes(vec![
-        write(0, count, Write::ValueUpdate("1".into())),
-        write(1, count, Write::ValueUpdate("2".into())),
-        write(0, items, Write::ListAppend("\"x\"".into())),
-        write(0, items, Write::ListAppend("\"y\"".into())),
-        write(0, count, Write::ValueUpdate("3".into())),
-        write(
-            1,
-            tags,
-            Write::MapUpdate(MapEntry {
-                key: "\"t\"".into(),
-                value: "5".into(),
-            }),
-        ),
-    ])
+    v.apply_writes(writes(
+        &[
+            (0, count, "1"),
+            (1, count, "2"),
+            (0, items, "\"x\""),
+            (0, items, "\"y\""),
+            (0, count, "3"),
+            (1, tags, "5"),
+        ],
+        &["\"t\""],
+    ))
     .unwrap()
     .unwrap();
     // The selected key is still entry 1's.
@@ -634,13 +631,12 @@ fn held_writes_apply_to_their_entries_keys_in_order_and_stop_at_the_first_reject
             .as_deref(),
         Some("2")
     );
-    // A rejected write stops the list there: the one before it applied, the one after not.
+    // A refused write stops the writes there: the one before it applied, the one after not.
     let failure = v
-        .apply_writes(vec![
-            write(1, count, Write::ValueUpdate("4".into())),
-            write(0, count, Write::ValueUpdate("\"four\"".into())),
-            write(1, count, Write::ValueUpdate("5".into())),
-        ])
+        .apply_writes(writes(
+            &[(1, count, "4"), (0, count, "\"four\""), (1, count, "5")],
+            &[],
+        ))
         .unwrap()
         .unwrap_err();
     assert_eq!(failure.position, 1);
@@ -652,7 +648,7 @@ fn held_writes_apply_to_their_entries_keys_in_order_and_stop_at_the_first_reject
     );
     // An entry past the call's.
     let failure = v
-        .apply_writes(vec![write(2, count, Write::ValueUpdate("1".into()))])
+        .apply_writes(writes(&[(2, count, "1")], &[]))
         .unwrap()
         .unwrap_err();
     assert_eq!(
@@ -664,15 +660,36 @@ fn held_writes_apply_to_their_entries_keys_in_order_and_stop_at_the_first_reject
         "{}",
         failure.error.message
     );
-    // A number that is no variable of the write's kind traps, as a forged handle does.
-    assert!(
-        v.apply_writes(vec![write(0, count, Write::ListAppend("\"z\"".into()))])
-            .is_err()
+    // Columns that disagree, and user keys that are not one per map write.
+    let mut short = writes(&[(0, count, "1"), (0, count, "2")], &[]);
+    short.values.pop();
+    let failure = v.apply_writes(short).unwrap().unwrap_err();
+    assert_eq!(
+        (failure.position, failure.error.kind),
+        (1, ErrorKind::InvalidUse)
     );
-    assert!(
-        v.apply_writes(vec![write(0, 9999, Write::ValueUpdate("1".into()))])
-            .is_err()
+    let failure = v
+        .apply_writes(writes(&[(0, tags, "1")], &[]))
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(
+        (failure.position, failure.error.kind),
+        (0, ErrorKind::InvalidUse)
     );
+    let failure = v
+        .apply_writes(writes(&[(0, count, "9")], &["\"t\""]))
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(
+        (failure.position, failure.error.kind),
+        (1, ErrorKind::InvalidUse)
+    );
+    // A number that is no state variable traps, as a forged handle does.
+    assert!(v.apply_writes(writes(&[(0, 9999, "1")], &[])).is_err());
+    // Entry 0's count was 3; the refused batch of user keys wrote 9 before failing.
+    v.apply_writes(writes(&[(0, count, "3")], &[]))
+        .unwrap()
+        .unwrap();
     // What each key holds now, as the guest reads it.
     let read = |v: &mut HostView<'_>, entry: u32| {
         v.use_key(entry).unwrap().unwrap();
