@@ -32,6 +32,9 @@ def key_label(key) -> str:
 
 
 class CounterProcessor(StatefulProcessor):
+    # Statebox sends the three writes of a key to the host with other keys' (Spark ignores it).
+    HOLD_WRITES = True
+
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.count = handle.getValueState("count", COUNT)
         self.batch_counts = handle.getListState("batchCounts", COUNT)

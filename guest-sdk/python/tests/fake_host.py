@@ -97,6 +97,20 @@ class BatchError:
 
 
 @dataclass
+class HeldWrites:
+    entries: list
+    variables: list
+    values: list
+    user_keys: list
+
+
+@dataclass
+class WriteFailure:
+    position: int
+    error: StateError
+
+
+@dataclass
 class QueryInfo:
     query_id: str
     run_id: str
@@ -115,6 +129,9 @@ class FakeHost:
         self.current = None
         self.switches = []
         self.values = {}
+        # Variables by number, and the number of writes in each `apply-writes` call.
+        self.numbered = {}
+        self.applied = []
         self.query = QueryInfo("0f6a3c52-6a43-4a8e-9c4e-0d4b1b8e2f11", "run-1", 0)
 
     def begin_batch(self, keys):
@@ -128,6 +145,18 @@ class FakeHost:
             raise Err(StateError(ErrorKind.INVALID_USE, f"no entry {index}"))
         self.switches.append(index)
         self.current = self.entries[index]
+
+    def apply_writes(self, writes):
+        """Applies held value updates in order; refuses a negative count, as a host refuses
+        a value its schema does not allow."""
+        self.applied.append(len(writes.values))
+        for position, (entry, number, text) in enumerate(
+            zip(writes.entries, writes.variables, writes.values)
+        ):
+            if '"count":-' in text:
+                error = StateError(ErrorKind.SCHEMA_MISMATCH, f"refused {text}")
+                raise Err(WriteFailure(position, error))
+            self.values[(self.numbered[number], self.entries[entry])] = text
 
     def key(self):
         if self.current is None:
@@ -153,6 +182,11 @@ class _Value:
 
     def clear(self):
         HOST.values.pop((self.name, HOST.key()), None)
+
+    def number(self):
+        number = len(HOST.numbered)
+        HOST.numbered[number] = self.name
+        return number
 
 
 def _get_value_state(name, schema, ttl):
@@ -199,6 +233,8 @@ def install():
 
     keys = types.ModuleType("wit_world.imports.keys")
     keys.use_key = HOST.use_key
+    keys.apply_writes = HOST.apply_writes
+    keys.HeldWrites = HeldWrites
 
     handle = types.ModuleType("wit_world.imports.handle")
     handle.get_value_state = _get_value_state

@@ -593,6 +593,66 @@ class Echo(StatefulProcessor):
             ],
         )
 
+    _HELD = """
+from pyspark.sql import Row
+from pyspark.sql.streaming import StatefulProcessor
+OUTPUT_SCHEMA = "key string, count long"
+
+class Counter(StatefulProcessor):
+    HOLD_WRITES = True
+
+    def init(self, handle):
+        self.count = handle.getValueState("count", "count long")
+
+    def handleInputRows(self, key, rows, timerValues):
+        for row in rows:
+            if row.op == "add":
+                previous = self.count.get()
+                self.count.update(((previous[0] if previous else 0) + row.n,))
+            else:
+                yield Row(key=key[0], count=self.count.get()[0])
+"""
+
+    def test_held_writes_go_together_and_a_read_sees_the_keys_own(self):
+        _, _, batch = self.export(self._HELD)
+        add = lambda n: {"op": "add", "n": n}  # noqa: E731
+        read = {"op": "read"}
+        out = self.batch(batch, [("a", [add(1), add(2), read]), ("b", [add(5)]), ("c", [add(7)])])
+        self.assertEqual(out, [[{"key": "a", "count": 3}], [], []])
+        # a's second add and its read each read a's variable after a held write to it, so
+        # each sent that write first; b's and c's went together at the end, each to its key.
+        self.assertEqual(self.host.applied, [1, 1, 2])
+        self.assertEqual(self.host.values[("count", "b")], '{"count":5}')
+        self.assertEqual(self.host.values[("count", "c")], '{"count":7}')
+        self.host.applied = []
+        out = self.batch(batch, [("c", [add(1), read]), ("b", [read])], batch_id=2)
+        self.assertEqual(out, [[{"key": "c", "count": 8}], [{"key": "b", "count": 5}]])
+        self.assertEqual(self.host.applied, [1])
+
+    def test_a_refused_held_write_fails_the_batch_naming_its_own_key(self):
+        _, _, batch = self.export(self._HELD)
+        add = lambda n: {"op": "add", "n": n}  # noqa: E731
+        with self.assertRaises(fake_host.Err) as err:
+            self.batch(batch, [("a", [add(1)]), ("b", [add(-5)]), ("c", [add(1)])])
+        failure = err.exception.value
+        # Refused when the call ended, after c ran: named by b, whose write it was.
+        self.assertEqual(failure.index, 1)
+        self.assertIn("refused", failure.error.value)
+        self.assertEqual(self.host.values[("count", "a")], '{"count":1}')
+        self.assertNotIn(("count", "c"), self.host.values)
+        # Refused at a read of the key's own variable, which the handler let pass: still
+        # the batch's failure, named by the key.
+        source = self._HELD.replace(
+            "yield Row(key=key[0], count=self.count.get()[0])",
+            "try:\n                    self.count.get()\n                except Exception:\n"
+            "                    pass\n                yield Row(key=key[0], count=0)",
+        )
+        _, _, batch = self.export(source)
+        with self.assertRaises(fake_host.Err) as err:
+            self.batch(batch, [("a", [add(-5), {"op": "read"}]), ("b", [add(1)])])
+        self.assertEqual(err.exception.value.index, 0)
+        self.assertIn("refused", err.exception.value.error.value)
+
     def test_a_sync_failure_names_its_entry(self):
         path, _, batch = self.export(_COUNTER)
         groups = [("a", [{"n": 1}]), ("b", [{"n": 1}, {"boom": True}]), ("c", [{"n": 1}])]

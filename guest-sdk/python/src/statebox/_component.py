@@ -31,6 +31,7 @@ from .processor import (
     StatefulProcessor,
     StatefulProcessorHandle,
     TimerValues,
+    _Held,
     _lift,
 )
 from .row import Row
@@ -520,6 +521,11 @@ def export(
     }
     use_key = wit_keys.use_key
     BatchError = wit.BatchError
+    # Writes held back and sent together, if the processor asks for it (a synchronous
+    # processor only: an async one's keys interleave).
+    held = None
+    if not is_async and _setting(module, cls, ("HOLD_WRITES", "holdWrites")):
+        held = _Held(wit_keys.apply_writes, wit_keys.HeldWrites)
 
     slot = {}
 
@@ -687,7 +693,7 @@ def export(
             _env.restore()
             try:
                 proc = found() if isinstance(found, type) else found
-                handle = StatefulProcessorHandle(handle_module(), time_modes[time_mode])
+                handle = StatefulProcessorHandle(handle_module(), time_modes[time_mode], held)
                 if tws_driver:
                     _tws_hook(proc, handle, False)
                 proc.init(handle)
@@ -747,10 +753,14 @@ def export(
             out = []
             append = out.append
             index = 0
+            if held is not None:
+                held.start()
             try:
                 from_lists = None if columns is None else shape.lists_reader(columns)
                 for group in groups:
                     select(index)
+                    if held is not None:
+                        held.select(index)
                     text = group.key
                     # Most keys are one string column without escapes: slice it out.
                     if text[:2] == '["' and text[-2:] == '"]' and '"' not in text[2:-2] and (
@@ -763,8 +773,8 @@ def export(
                     append([] if rows is None else list(map(encode, rows)))
                     index += 1
             except BaseException as e:  # noqa: BLE001
-                raise Err(BatchError(index, error_of("handleInputRows", e))) from None
-            return out
+                raise batch_failure(index, "handleInputRows", e) from None
+            return finish_batch(out, "handleInputRows")
 
         def handle_expired_timers(self, timers, timer_values_):
             handler = batch_processor().handleExpiredTimer
@@ -786,14 +796,36 @@ def export(
         out = []
         append = out.append
         index = 0
+        if held is not None:
+            held.start()
         try:
             for entry in entries:
                 select(index)
+                if held is not None:
+                    held.select(index)
                 rows = run(entry)
                 append([] if rows is None else list(map(encode, rows)))
                 index += 1
         except BaseException as e:  # noqa: BLE001
-            raise Err(BatchError(index, error_of(method, e))) from None
+            raise batch_failure(index, method, e) from None
+        return finish_batch(out, method)
+
+    def batch_failure(index, method, err):
+        """The ``Err`` failing a batched call whose entry ``index`` raised ``err``; a held
+        write the host refused earlier is named instead, by its own entry: it may be why."""
+        refused = None if held is None else held.abandon()
+        if refused is not None:
+            index, err = refused
+        return Err(BatchError(index, error_of(method, err)))
+
+    def finish_batch(out, method):
+        """Sends the writes still held at the end of a batched call; a held write the host
+        refused fails the call, named by its entry."""
+        if held is not None:
+            refused = held.finish()
+            if refused is not None:
+                index, err = refused
+                raise Err(BatchError(index, error_of(method, err)))
         return out
 
     return Processor, BatchProcessor

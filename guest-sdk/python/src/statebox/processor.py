@@ -222,15 +222,128 @@ def _make_loads(data_type, _loads=_codec.loads, _scan=_codec.scan):
     return loads_converted
 
 
+class _Held:
+    """Writes held back and sent to the host together, for a processor that sets
+    ``HOLD_WRITES = True`` (see the Rust SDK's ``held.rs``, which this follows).
+
+    In a batched call, ``ValueState.update``, ``ListState.appendValue`` and
+    ``MapState.updateValue`` append their write to the columns here instead of crossing into
+    the host, and the columns go in one ``keys.apply-writes`` call: when the batched call
+    ends, once ``MAX_WRITES`` writes or ``MAX_BYTES`` characters are held, and before any
+    other operation on a variable the current key wrote, so a read sees every earlier
+    write. A write the host refuses raises at the operation that sent it and fails the
+    batched call, named by the key it was made for."""
+
+    MAX_WRITES = 4096
+    MAX_BYTES = 1 << 20
+
+    __slots__ = (
+        "on", "entry", "entries", "variables", "values", "user_keys", "size", "dirty",
+        "failed", "_apply", "_columns",
+    )
+
+    def __init__(self, apply, columns):
+        # `apply(columns(entries, variables, values, user_keys))` sends the writes.
+        self._apply = apply
+        self._columns = columns
+        self.on = False
+        self.failed = None
+        self.entry = 0
+        self._clear()
+
+    def _clear(self):
+        self.entries, self.variables, self.values, self.user_keys = [], [], [], []
+        self.size = 0
+        self.dirty = set()
+
+    def start(self):
+        """A batched call begins: writes are held until ``finish``."""
+        self.on = True
+        self.failed = None
+        self.entry = 0
+        self._clear()
+
+    def select(self, index):
+        """Entry ``index`` of the batched call is handled from now on."""
+        self.entry = index
+        self.dirty.clear()
+
+    def hold(self, number, text, user_key=None):
+        """Holds a write of ``text`` (to a map: under ``user_key``) to variable ``number``."""
+        self.entries.append(self.entry)
+        self.variables.append(number)
+        self.values.append(text)
+        self.size += len(text)
+        if user_key is not None:
+            self.user_keys.append(user_key)
+            self.size += len(user_key)
+        self.dirty.add(number)
+        if len(self.values) >= self.MAX_WRITES or self.size >= self.MAX_BYTES:
+            self.send()
+
+    def send(self):
+        """Sends every held write; raises the ``StateError`` of one the host refuses."""
+        entries, variables, values, user_keys = (
+            self.entries, self.variables, self.values, self.user_keys,
+        )
+        self._clear()
+        if not values:
+            if self.failed is not None:
+                raise self.failed[1]
+            return
+        try:
+            self._apply(self._columns(entries, variables, values, user_keys))
+        except HostError as e:
+            failure = getattr(e, "value", None)
+            position = getattr(failure, "position", 0)
+            error = _lift(_Refusal(getattr(failure, "error", None)))
+            # Later writes are not sent: the batched call fails.
+            self.on = False
+            if self.failed is None:
+                entry = entries[position] if position < len(entries) else self.entry
+                self.failed = (entry, error)
+            raise error from None
+
+    def finish(self):
+        """Ends the batched call, sending what is still held. Returns ``(entry, error)`` of
+        a held write the host refused, now or earlier, or None."""
+        try:
+            self.send()
+        except StateError:
+            pass
+        self.on = False
+        failed, self.failed = self.failed, None
+        return failed
+
+    def abandon(self):
+        """Ends a batched call that failed: drops what is held. Returns a held write's
+        refusal, if one was the reason."""
+        self.on = False
+        self._clear()
+        failed, self.failed = self.failed, None
+        return failed
+
+
+class _Refusal:
+    """A ``write-failure``'s ``state-error``, shaped as ``host_error`` reads an ``Err``."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, error):
+        self.value = error
+
+
 class _Pages:
     """A lazy iterator over a host iterator resource, fetched a page at a time."""
 
-    __slots__ = ("_source", "_page", "_convert")
+    __slots__ = ("_source", "_page", "_convert", "_sync")
 
-    def __init__(self, source, convert):
+    def __init__(self, source, convert, sync=None):
         self._source = source
         self._page = iter(())
         self._convert = convert
+        # Sends held writes of the variable iterated before each page.
+        self._sync = sync
 
     def __iter__(self):
         return self
@@ -242,6 +355,8 @@ class _Pages:
             source = self._source
             if source is None:
                 raise StopIteration
+            if self._sync is not None:
+                self._sync()
             try:
                 page = source.next_page(PAGE_SIZE)
             except HostError as e:
@@ -271,9 +386,11 @@ class ValueState:
 
     # `_get`, `_update`, `_loads`, `_dumps`: the host's methods and the codec's functions,
     # bound once, so a state operation looks up one attribute for each.
-    __slots__ = ("_h", "_c", "name", "_get", "_update", "_loads", "_dumps")
+    # `_held`, `_n`: the processor's held writes (None unless it holds them) and this
+    # variable's number, which names it in them.
+    __slots__ = ("_h", "_c", "name", "_get", "_update", "_loads", "_dumps", "_held", "_n")
 
-    def __init__(self, host, codec, name):
+    def __init__(self, host, codec, name, held=None):
         self._h = host
         self._c = codec
         self.name = name
@@ -281,9 +398,17 @@ class ValueState:
         self._update = _method(host, "update")
         self._loads = codec.loads
         self._dumps = codec.dumps
+        self._held = held
+        self._n = None if held is None else host.number()
+
+    def _sync(self):
+        held = self._held
+        if held is not None and self._n in held.dirty:
+            held.send()
 
     def exists(self):
         """Whether the current key has a value."""
+        self._sync()
         try:
             return self._h.exists()
         except HostError as e:
@@ -291,6 +416,9 @@ class ValueState:
 
     def get(self):
         """The current key's value (a tuple for struct schemas), or None."""
+        held = self._held
+        if held is not None and self._n in held.dirty:
+            held.send()
         try:
             text = self._get()
         except HostError as e:
@@ -300,6 +428,10 @@ class ValueState:
     def update(self, newValue):
         """Replaces the current key's value, restarting its TTL."""
         text = self._dumps(newValue)
+        held = self._held
+        if held is not None and held.on:
+            held.hold(self._n, text)
+            return
         try:
             self._update(text)
         except HostError as e:
@@ -307,6 +439,7 @@ class ValueState:
 
     def clear(self):
         """Removes the current key's value."""
+        self._sync()
         try:
             self._h.clear()
         except HostError as e:
@@ -319,17 +452,25 @@ class ListState:
     ``get`` is lazy: the host hands the list over page by page, so a list larger than the
     processor's memory can be iterated."""
 
-    __slots__ = ("_h", "_c", "name", "_append", "_dumps")
+    __slots__ = ("_h", "_c", "name", "_append", "_dumps", "_held", "_n")
 
-    def __init__(self, host, codec, name):
+    def __init__(self, host, codec, name, held=None):
         self._h = host
         self._c = codec
         self.name = name
         self._append = _method(host, "append_value")
         self._dumps = codec.dumps
+        self._held = held
+        self._n = None if held is None else host.number()
+
+    def _sync(self):
+        held = self._held
+        if held is not None and self._n in held.dirty:
+            held.send()
 
     def exists(self):
         """Whether the current key's list has at least one element."""
+        self._sync()
         try:
             return self._h.exists()
         except HostError as e:
@@ -338,17 +479,19 @@ class ListState:
     def get(self):
         """Iterates the current key's list in insertion order. Valid only during the call that
         made it."""
+        self._sync()
         try:
             source = self._h.get()
         except HostError as e:
             raise _lift(e) from None
-        return _Pages(source, self._c.loads)
+        return _Pages(source, self._c.loads, None if self._held is None else self._sync)
 
     def put(self, newState):
         """Replaces the whole list (restamping every element's TTL). An empty list is an
         error."""
         dumps = self._c.dumps
         texts = [dumps(v) for v in newState]
+        self._sync()
         try:
             self._h.put(texts)
         except HostError as e:
@@ -357,6 +500,10 @@ class ListState:
     def appendValue(self, newState):
         """Appends one element."""
         text = self._dumps(newState)
+        held = self._held
+        if held is not None and held.on:
+            held.hold(self._n, text)
+            return
         try:
             self._append(text)
         except HostError as e:
@@ -366,6 +513,7 @@ class ListState:
         """Appends elements in order. An empty list is an error."""
         dumps = self._c.dumps
         texts = [dumps(v) for v in newState]
+        self._sync()
         try:
             self._h.append_list(texts)
         except HostError as e:
@@ -373,6 +521,7 @@ class ListState:
 
     def clear(self):
         """Removes the current key's list."""
+        self._sync()
         try:
             self._h.clear()
         except HostError as e:
@@ -385,9 +534,12 @@ class MapState:
     Iteration is lazy and ordered by the host (ascending by the user key's canonical
     encoding), so it is deterministic."""
 
-    __slots__ = ("_h", "_k", "_v", "name", "_get", "_update", "_kdumps", "_vdumps", "_vloads")
+    __slots__ = (
+        "_h", "_k", "_v", "name", "_get", "_update", "_kdumps", "_vdumps", "_vloads", "_held",
+        "_n",
+    )
 
-    def __init__(self, host, key_codec, value_codec, name):
+    def __init__(self, host, key_codec, value_codec, name, held=None):
         self._h = host
         self._k = key_codec
         self._v = value_codec
@@ -397,9 +549,17 @@ class MapState:
         self._kdumps = key_codec.dumps
         self._vdumps = value_codec.dumps
         self._vloads = value_codec.loads
+        self._held = held
+        self._n = None if held is None else host.number()
+
+    def _sync(self):
+        held = self._held
+        if held is not None and self._n in held.dirty:
+            held.send()
 
     def exists(self):
         """Whether the current key's map has at least one entry."""
+        self._sync()
         try:
             return self._h.exists()
         except HostError as e:
@@ -408,6 +568,9 @@ class MapState:
     def getValue(self, key):
         """The value stored under ``key``, or None."""
         k = self._kdumps(key)
+        held = self._held
+        if held is not None and self._n in held.dirty:
+            held.send()
         try:
             text = self._get(k)
         except HostError as e:
@@ -417,6 +580,7 @@ class MapState:
     def containsKey(self, key):
         """Whether ``key`` is present."""
         k = self._k.dumps(key)
+        self._sync()
         try:
             return self._h.contains_key(k)
         except HostError as e:
@@ -426,6 +590,10 @@ class MapState:
         """Inserts or replaces the entry for ``key``, restarting that entry's TTL."""
         k = self._kdumps(key)
         v = self._vdumps(value)
+        held = self._held
+        if held is not None and held.on:
+            held.hold(self._n, v, k)
+            return
         try:
             self._update(k, v)
         except HostError as e:
@@ -433,32 +601,37 @@ class MapState:
 
     def iterator(self):
         """Iterates ``(key, value)`` pairs lazily, in user-key order."""
+        self._sync()
         try:
             source = self._h.iterator()
         except HostError as e:
             raise _lift(e) from None
         kl, vl = self._k.loads, self._v.loads
-        return _Pages(source, lambda entry: (kl(entry.key), vl(entry.value)))
+        sync = None if self._held is None else self._sync
+        return _Pages(source, lambda entry: (kl(entry.key), vl(entry.value)), sync)
 
     def keys(self):
         """Iterates the user keys lazily, in order."""
+        self._sync()
         try:
             source = self._h.keys()
         except HostError as e:
             raise _lift(e) from None
-        return _Pages(source, self._k.loads)
+        return _Pages(source, self._k.loads, None if self._held is None else self._sync)
 
     def values(self):
         """Iterates the values lazily, in user-key order."""
+        self._sync()
         try:
             source = self._h.values()
         except HostError as e:
             raise _lift(e) from None
-        return _Pages(source, self._v.loads)
+        return _Pages(source, self._v.loads, None if self._held is None else self._sync)
 
     def removeKey(self, key):
         """Removes the entry for ``key``, if any."""
         k = self._k.dumps(key)
+        self._sync()
         try:
             self._h.remove_key(k)
         except HostError as e:
@@ -466,6 +639,7 @@ class MapState:
 
     def clear(self):
         """Removes every entry of the current key; other keys are untouched."""
+        self._sync()
         try:
             self._h.clear()
         except HostError as e:
@@ -487,9 +661,11 @@ class StatefulProcessorHandle:
     Mirrors PySpark's ``StatefulProcessorHandle``. Keep it (``self.handle = handle``) to use
     the timer methods in handlers."""
 
-    def __init__(self, host, time_mode):
+    def __init__(self, host, time_mode, held=None):
         self._host = host
         self._time_mode = time_mode
+        # The processor's held writes, if it holds them (`HOLD_WRITES`).
+        self._held = held
 
     @property
     def timeMode(self):
@@ -506,7 +682,7 @@ class StatefulProcessorHandle:
             h = self._host.get_value_state(stateName, codec.ddl, _ttl(ttlDurationMs))
         except HostError as e:
             raise _lift(e) from None
-        return ValueState(h, codec, stateName)
+        return ValueState(h, codec, stateName, self._held)
 
     def getListState(self, stateName, schema, ttlDurationMs=None):
         """Declares (or reopens) a list state variable; with ``ttlDurationMs`` every element
@@ -516,7 +692,7 @@ class StatefulProcessorHandle:
             h = self._host.get_list_state(stateName, codec.ddl, _ttl(ttlDurationMs))
         except HostError as e:
             raise _lift(e) from None
-        return ListState(h, codec, stateName)
+        return ListState(h, codec, stateName, self._held)
 
     def getMapState(self, stateName, userKeySchema, valueSchema, ttlDurationMs=None):
         """Declares (or reopens) a map state variable; with ``ttlDurationMs`` every entry has
@@ -529,7 +705,7 @@ class StatefulProcessorHandle:
             )
         except HostError as e:
             raise _lift(e) from None
-        return MapState(h, key_codec, value_codec, stateName)
+        return MapState(h, key_codec, value_codec, stateName, self._held)
 
     def deleteIfExists(self, stateName):
         """Drops the named variable's data for all keys, if it exists (``init`` only)."""
