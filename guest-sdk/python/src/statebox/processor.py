@@ -381,13 +381,25 @@ def _method(host, name):
         return missing
 
 
-class ValueState:
+class _Var:
+    """What the state classes share: ``_held`` (the processor's held writes, None unless it
+    holds them) and ``_n`` (the variable's number, which names it in them)."""
+
+    __slots__ = ()
+
+    def _sync(self):
+        """Sends the held writes if the current key wrote this variable since they were last
+        sent: called before any operation on it that is not held."""
+        held = self._held
+        if held is not None and self._n in held.dirty:
+            held.send()
+
+
+class ValueState(_Var):
     """A single value per grouping key. Mirrors PySpark's ``ValueState``."""
 
     # `_get`, `_update`, `_loads`, `_dumps`: the host's methods and the codec's functions,
     # bound once, so a state operation looks up one attribute for each.
-    # `_held`, `_n`: the processor's held writes (None unless it holds them) and this
-    # variable's number, which names it in them.
     __slots__ = ("_h", "_c", "name", "_get", "_update", "_loads", "_dumps", "_held", "_n")
 
     def __init__(self, host, codec, name, held=None):
@@ -400,11 +412,6 @@ class ValueState:
         self._dumps = codec.dumps
         self._held = held
         self._n = None if held is None else host.number()
-
-    def _sync(self):
-        held = self._held
-        if held is not None and self._n in held.dirty:
-            held.send()
 
     def exists(self):
         """Whether the current key has a value."""
@@ -446,7 +453,7 @@ class ValueState:
             raise _lift(e) from None
 
 
-class ListState:
+class ListState(_Var):
     """An ordered list of values per grouping key. Mirrors PySpark's ``ListState``.
 
     ``get`` is lazy: the host hands the list over page by page, so a list larger than the
@@ -462,11 +469,6 @@ class ListState:
         self._dumps = codec.dumps
         self._held = held
         self._n = None if held is None else host.number()
-
-    def _sync(self):
-        held = self._held
-        if held is not None and self._n in held.dirty:
-            held.send()
 
     def exists(self):
         """Whether the current key's list has at least one element."""
@@ -528,7 +530,7 @@ class ListState:
             raise _lift(e) from None
 
 
-class MapState:
+class MapState(_Var):
     """A map from user keys to values per grouping key. Mirrors PySpark's ``MapState``.
 
     Iteration is lazy and ordered by the host (ascending by the user key's canonical
@@ -551,11 +553,6 @@ class MapState:
         self._vloads = value_codec.loads
         self._held = held
         self._n = None if held is None else host.number()
-
-    def _sync(self):
-        held = self._held
-        if held is not None and self._n in held.dirty:
-            held.send()
 
     def exists(self):
         """Whether the current key's map has at least one entry."""
