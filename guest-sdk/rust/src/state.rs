@@ -31,6 +31,18 @@ pub(crate) enum Backend<H> {
     Mem(MemVar),
 }
 
+impl<H> Backend<H> {
+    /// The variable's number in the host, as `number` reads it from the resource (0 in the
+    /// test harness, which holds no writes).
+    fn number(&self, number: impl FnOnce(&H) -> u32) -> u32 {
+        match self {
+            Backend::Host(state) => number(state),
+            #[cfg(not(target_arch = "wasm32"))]
+            Backend::Mem(_) => 0,
+        }
+    }
+}
+
 fn encode<T: Serialize + ?Sized>(what: &str, value: &T) -> Result<String> {
     serde_json::to_string(value).map_err(|err| Error::json(what, err))
 }
@@ -57,11 +69,7 @@ pub struct ValueState<T> {
 
 impl<T: Serialize + DeserializeOwned> ValueState<T> {
     pub(crate) fn new(backend: Backend<wit::ValueState>) -> Self {
-        let number = match &backend {
-            Backend::Host(state) => state.number(),
-            #[cfg(not(target_arch = "wasm32"))]
-            Backend::Mem(_) => 0,
-        };
+        let number = backend.number(wit::ValueState::number);
         ValueState {
             backend,
             number,
@@ -131,11 +139,7 @@ pub struct ListState<T> {
 
 impl<T: Serialize + DeserializeOwned> ListState<T> {
     pub(crate) fn new(backend: Backend<wit::ListState>) -> Self {
-        let number = match &backend {
-            Backend::Host(state) => state.number(),
-            #[cfg(not(target_arch = "wasm32"))]
-            Backend::Mem(_) => 0,
-        };
+        let number = backend.number(wit::ListState::number);
         ListState {
             backend,
             number,
@@ -238,11 +242,7 @@ where
     V: Serialize + DeserializeOwned,
 {
     pub(crate) fn new(backend: Backend<wit::MapState>) -> Self {
-        let number = match &backend {
-            Backend::Host(state) => state.number(),
-            #[cfg(not(target_arch = "wasm32"))]
-            Backend::Mem(_) => 0,
-        };
+        let number = backend.number(wit::MapState::number);
         MapState {
             backend,
             number,
