@@ -53,7 +53,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use hashbrown::DefaultHashBuilder;
 use hashbrown::hash_table::HashTable;
 
-use crate::engine::{GetFn, GetManyFn, KvEngine, ScanFn, WriteBatch, WriteOp};
+use crate::engine::{GetFn, GetManyFn, KvEngine, PREFETCH_AHEAD, ScanFn, WriteBatch, WriteOp};
 use crate::{Result, keys};
 
 /// Independent parts of the cache, each with its own lock and its share of the budget.
@@ -556,7 +556,11 @@ impl<E: KvEngine> CachedEngine<E> {
     /// Applies a committed write to the cache, in the batch's order.
     fn apply(&self, batch: &WriteBatch) {
         let mut touched = [false; SHARDS];
-        for op in batch.ops() {
+        let ops = batch.ops();
+        for (n, op) in ops.iter().enumerate() {
+            if let Some(ahead) = ops.get(n + PREFETCH_AHEAD) {
+                ahead.prefetch();
+            }
             match op {
                 WriteOp::Put(k, v) if cached(k) => {
                     let i = self.shard_of(k);

@@ -16,7 +16,7 @@
 //! A batch marker ([`keys::changelog_marker`]) is written for every batch whose log was
 //! recorded, changed or not, so the retained batch range is known.
 
-use crate::engine::{KvEngine, WriteOp};
+use crate::engine::{KvEngine, PREFETCH_AHEAD, WriteOp, prefetch};
 use crate::{Result, StoreError, keys};
 
 /// Tag of a delete entry without a before-image (logs written before before-images were).
@@ -166,10 +166,22 @@ pub(crate) fn push_ops(
     }
     // Entries go out in op order: the known ones before each read one as it is answered
     // (`get_many` answers in order), the rest after.
-    let mut known = known.iter().peekable();
+    let mut next_known = 0;
     let mut push_known = |out: &mut Vec<u8>, from: usize, to: usize| {
         for (i, op) in (from..to).zip(&ops[from..to]) {
-            let before = known.next_if(|(at, _)| *at == i).map(|(_, before)| *before);
+            if let Some(ahead) = ops.get(i + PREFETCH_AHEAD) {
+                ahead.prefetch();
+            }
+            if let Some((_, Some(ahead))) = known.get(next_known + PREFETCH_AHEAD) {
+                prefetch(ahead);
+            }
+            let before = match known.get(next_known) {
+                Some(&(at, before)) if at == i => {
+                    next_known += 1;
+                    Some(before)
+                }
+                _ => None,
+            };
             if let Some((key, value)) = logged_write(op) {
                 push(out, key, value, before.flatten());
             }

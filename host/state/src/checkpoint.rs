@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 use crate::ahead::Shapes;
 use crate::cache::{CachedEngine, SharedCacheBudget};
 use crate::changelog::ChangeStats;
-use crate::engine::{KvEngine, ScanFn, WriteBatch, WriteOp};
+use crate::engine::{KvEngine, PREFETCH_AHEAD, ScanFn, WriteBatch, WriteOp, clear_ops, prefetch};
 use crate::mem::MemEngine;
 use crate::rocks::{RocksEngine, SharedMemtables};
 use crate::txn::PartitionTxn;
@@ -767,6 +767,9 @@ fn merge_runs(mut runs: Vec<Vec<WriteOp>>, out: &mut WriteBatch) {
             }
         }
         let Some((i, _)) = best else { break };
+        if let Some(ahead) = runs[i].get(next[i] + PREFETCH_AHEAD) {
+            prefetch(op_key(ahead));
+        }
         out.push(std::mem::replace(
             &mut runs[i][next[i]],
             WriteOp::Delete(Vec::new()),
@@ -804,7 +807,7 @@ impl Spare {
             .spawn(move || {
                 let mut ops = batch.into_ops();
                 let used = ops.len();
-                ops.clear();
+                clear_ops(&mut ops);
                 if ops.capacity() > 2 * used {
                     ops.shrink_to(used);
                 }

@@ -105,6 +105,64 @@ pub enum WriteOp {
     DeleteRange(Vec<u8>, Vec<u8>),
 }
 
+impl WriteOp {
+    /// Hints the CPU to fetch the start of the operation's key and value (see [`prefetch`]).
+    #[inline]
+    pub(crate) fn prefetch(&self) {
+        match self {
+            Self::Put(key, value) | Self::DeleteRange(key, value) => {
+                prefetch(key);
+                prefetch(value);
+            }
+            Self::Delete(key) => prefetch(key),
+        }
+    }
+}
+
+/// Empties `ops` in order, asking for the next few operations' bytes while one is freed:
+/// freeing a key or value writes to its block, as cold as the copies [`prefetch`] is for.
+pub(crate) fn clear_ops(ops: &mut Vec<WriteOp>) {
+    for n in 0..ops.len() {
+        if let Some(ahead) = ops.get(n + PREFETCH_AHEAD) {
+            ahead.prefetch();
+        }
+        // An empty vector holds no allocation: replacing frees the operation's buffers.
+        ops[n] = WriteOp::Delete(Vec::new());
+    }
+    ops.clear();
+}
+
+/// How many operations ahead a pass over a commit's operations asks for the next ones'
+/// bytes ([`WriteOp::prefetch`]): far enough for a fetch from memory to arrive in time.
+pub(crate) const PREFETCH_AHEAD: usize = 8;
+
+/// Hints the CPU to bring the first bytes of `bytes` into its caches. A commit's keys and
+/// values are each their own heap buffer, written while the batch ran and cold by the time
+/// the commit copies them (into a table file, the change log, the state cache): without the
+/// hint each copy waits on its own cache miss, with it the next ones' misses overlap.
+#[inline]
+pub(crate) fn prefetch(bytes: &[u8]) {
+    prefetch_at(bytes.as_ptr());
+}
+
+/// [`prefetch`] for the first bytes of a value behind a pointer (a boxed collection).
+#[inline]
+pub(crate) fn prefetch_value<T>(value: &T) {
+    prefetch_at(std::ptr::from_ref(value).cast());
+}
+
+#[inline]
+fn prefetch_at(at: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint: it reads nothing the program sees and cannot fault.
+    unsafe {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        _mm_prefetch::<_MM_HINT_T0>(at.cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = at;
+}
+
 /// An ordered list of writes applied atomically by [`KvEngine::write`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WriteBatch {
@@ -177,5 +235,37 @@ impl WriteBatch {
     /// The operations, consumed, in application order.
     pub fn into_ops(self) -> Vec<WriteOp> {
         self.ops
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clear_ops_empties_lists_of_every_length_and_keeps_their_room() {
+        for len in [
+            0,
+            1,
+            PREFETCH_AHEAD - 1,
+            PREFETCH_AHEAD,
+            PREFETCH_AHEAD + 1,
+            50,
+        ] {
+            let mut ops: Vec<WriteOp> = (0..len)
+                .map(|i| {
+                    let key = vec![i as u8; 40];
+                    match i % 3 {
+                        0 => WriteOp::Put(key, vec![7; 100]),
+                        1 => WriteOp::Delete(key),
+                        _ => WriteOp::DeleteRange(Vec::new(), key),
+                    }
+                })
+                .collect();
+            let room = ops.capacity();
+            clear_ops(&mut ops);
+            assert!(ops.is_empty(), "{len} operations");
+            assert_eq!(ops.capacity(), room, "{len} operations");
+        }
     }
 }

@@ -35,7 +35,7 @@ use std::path::{Path, PathBuf};
 
 use rocksdb::{Options, SstFileWriter};
 
-use crate::engine::WriteOp;
+use crate::engine::{PREFETCH_AHEAD, WriteOp};
 use crate::{Result, StoreError};
 
 /// Writes of at least this many operations are ingested; smaller ones (a few keys, metadata)
@@ -232,7 +232,10 @@ fn write_file(opts: &Options, file: &Path, ops: &[WriteOp], part: &Part<'_>) -> 
     };
     let mut writer = SstFileWriter::create(opts);
     writer.open(file).map_err(failed)?;
-    for &(key, i) in part.points {
+    for (n, &(key, i)) in part.points.iter().enumerate() {
+        if let Some(&(_, ahead)) = part.points.get(n + PREFETCH_AHEAD) {
+            ops[ahead].prefetch();
+        }
         match &ops[i] {
             WriteOp::Put(_, value) => writer.put(key, value),
             _ => writer.delete(key),

@@ -36,7 +36,7 @@ use std::sync::Arc;
 
 use crate::ahead::{Ahead, Shapes};
 use crate::changelog;
-use crate::engine::{KvEngine, ScanFn, WriteOp};
+use crate::engine::{KvEngine, PREFETCH_AHEAD, ScanFn, WriteOp, prefetch, prefetch_value};
 use crate::keys::{self, check_key};
 use crate::marks::Marks;
 use crate::overlay::{Base, Coll, PrefixMap, Slot, SmallBytes};
@@ -141,6 +141,20 @@ struct VarBucket {
     value: Option<Slot>,
     list: Option<Box<Coll>>,
     map: Option<Box<Coll>>,
+}
+
+impl VarBucket {
+    /// Hints the CPU to fetch what sealing the bucket reads: the value's bytes and the
+    /// collections' (each its own heap allocation, cold by the end of the batch).
+    #[inline]
+    fn prefetch(&self) {
+        if let Some(Some(value)) = &self.value {
+            prefetch(value);
+        }
+        for coll in [&self.list, &self.map].into_iter().flatten() {
+            prefetch_value(&**coll);
+        }
+    }
 }
 
 /// A sealed overlay, ready for the write batch.
@@ -1051,7 +1065,11 @@ impl Overlay {
         let mut vars = self.vars.into_sorted();
         let (mut lists, mut metas, mut maps) = (Vec::new(), Vec::new(), Vec::new());
         let mut fresh_lists = Vec::new();
-        for (hkey, bucket) in &mut vars {
+        for n in 0..vars.len() {
+            if let Some((_, ahead)) = vars.get(n + PREFETCH_AHEAD) {
+                ahead.prefetch();
+            }
+            let (hkey, bucket) = &mut vars[n];
             if let Some(slot) = bucket.value.take() {
                 push_op(&mut ops, state_key(keys::VALUE, hkey, &[]), slot);
             }
