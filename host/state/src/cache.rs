@@ -53,7 +53,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use hashbrown::DefaultHashBuilder;
 use hashbrown::hash_table::HashTable;
 
-use crate::engine::{GetFn, GetManyFn, KvEngine, PREFETCH_AHEAD, ScanFn, WriteBatch, WriteOp};
+use crate::engine::{
+    GetFn, GetManyFn, KvEngine, PREFETCH_AHEAD, ScanFn, WriteBatch, WriteOp, prefetch,
+    prefetch_value,
+};
 use crate::{Result, keys};
 
 /// Independent parts of the cache, each with its own lock and its share of the budget.
@@ -252,6 +255,22 @@ impl Shard {
     fn get_mut(&mut self, key: &[u8]) -> Option<&mut Entry> {
         let hash = self.hash(key);
         self.table.find_mut(hash, |e| e.is(key))
+    }
+
+    /// Hints the CPU to fetch the slot where a lookup of `key` starts: hashbrown probes
+    /// from the bucket at the hash modulo the bucket count (its `h1`; should that change, the
+    /// hint only fetches a useless line). Holding a short key and value, the slot is the
+    /// whole entry. An empty slot is not fetched: a lookup would stop at its control byte.
+    #[inline]
+    fn prefetch(&self, key: &[u8]) {
+        let buckets = self.table.num_buckets();
+        if buckets > 0
+            && let Some(entry) = self
+                .table
+                .get_bucket(self.hash(key) as usize & (buckets - 1))
+        {
+            prefetch_value(entry);
+        }
     }
 
     fn contains(&self, key: &[u8]) -> bool {
@@ -496,6 +515,16 @@ impl<E: KvEngine> CachedEngine<E> {
         lock(&self.shards[i])
     }
 
+    /// Hints the CPU to fetch the cache slot of `key` (see [`Shard::prefetch`]), for passes
+    /// over many keys: called [`SLOT_AHEAD`] keys ahead, the slot's cache miss overlaps the
+    /// work on the keys before it. The key's own bytes should have been asked for earlier
+    /// ([`PREFETCH_AHEAD`]): hashing it reads them.
+    fn prefetch(&self, key: &[u8]) {
+        if cached(key) {
+            self.shard(self.shard_of(key)).prefetch(key);
+        }
+    }
+
     /// The cached read of `key`: a hit (after calling `f` with the bytes, if the key is
     /// known to have any), or a miss (and the shard's version).
     fn lookup(&self, key: &[u8], f: &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<Lookup> {
@@ -561,6 +590,9 @@ impl<E: KvEngine> CachedEngine<E> {
             if let Some(ahead) = ops.get(n + PREFETCH_AHEAD) {
                 ahead.prefetch();
             }
+            if let Some(WriteOp::Put(key, _) | WriteOp::Delete(key)) = ops.get(n + SLOT_AHEAD) {
+                self.prefetch(key);
+            }
             match op {
                 WriteOp::Put(k, v) if cached(k) => {
                     let i = self.shard_of(k);
@@ -599,6 +631,19 @@ impl<E: KvEngine> CachedEngine<E> {
                 self.shard(i).version += 1;
             }
         }
+    }
+}
+
+/// How many keys ahead a pass over many keys asks for a key's cache slot
+/// ([`CachedEngine::prefetch`]): fewer than [`PREFETCH_AHEAD`], so the key's bytes, asked for
+/// then, are there to hash.
+const SLOT_AHEAD: usize = PREFETCH_AHEAD / 2;
+
+/// Asks for the bytes of the key [`PREFETCH_AHEAD`] after the `i`th of `keys`.
+#[inline]
+fn prefetch_keys(keys: &[&[u8]], i: usize) {
+    if let Some(ahead) = keys.get(i + PREFETCH_AHEAD) {
+        prefetch(ahead);
     }
 }
 
@@ -656,6 +701,10 @@ impl<E: KvEngine> KvEngine for CachedEngine<E> {
             None => Answer::Absent,
         };
         for (i, key) in keys.iter().enumerate() {
+            prefetch_keys(keys, i);
+            if let Some(ahead) = keys.get(i + SLOT_AHEAD) {
+                self.prefetch(ahead);
+            }
             if !cached(key) {
                 answers.push(Answer::Absent);
                 misses.push((i, NO_FILL));
@@ -695,6 +744,10 @@ impl<E: KvEngine> KvEngine for CachedEngine<E> {
         let mut misses: Vec<&[u8]> = Vec::new();
         let mut at: Vec<usize> = Vec::new();
         for (i, key) in keys.iter().enumerate() {
+            prefetch_keys(keys, i);
+            if let Some(ahead) = keys.get(i + SLOT_AHEAD) {
+                self.prefetch(ahead);
+            }
             if !self.holds(key) {
                 misses.push(key);
                 at.push(i);
