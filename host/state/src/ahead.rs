@@ -112,6 +112,9 @@ pub(crate) struct Ahead {
     learned: Vec<(Shape, SmallBytes, bool)>,
     /// Committed bytes (`None`: none) by full key.
     found: PrefixMap<Option<SmallBytes>>,
+    /// The shapes [`Self::read`] read ahead (those learned before the batch): what
+    /// [`Self::prefetch`] asks for.
+    reading: Vec<Shape>,
 }
 
 impl Ahead {
@@ -121,6 +124,7 @@ impl Ahead {
             seen: 0,
             learned: Vec::new(),
             found: PrefixMap::default(),
+            reading: Vec::new(),
         }
     }
 
@@ -187,6 +191,19 @@ impl Ahead {
         self.found.get(key).map(|v| v.as_deref())
     }
 
+    /// Hints `engine` that grouping key `key`'s learned shapes are read next
+    /// ([`KvEngine::prefetch`]), building each key in `buf`. Called for the next key while
+    /// the current one's handler runs, the reads of the next find their cache slots in the
+    /// CPU's caches: a processor reads each key's state once per batch, and every such read
+    /// was a cache miss.
+    pub(crate) fn prefetch(&self, engine: &dyn KvEngine, key: &[u8], buf: &mut Vec<u8>) {
+        for shape in &self.reading {
+            buf.clear();
+            shape.push_key(buf, key);
+            engine.prefetch(buf);
+        }
+    }
+
     /// Reads ahead the learned shapes for each of `grouping_keys` (in the order they will
     /// be called) that the backend cannot answer from memory. Replaces what an earlier call
     /// read.
@@ -206,6 +223,7 @@ impl Ahead {
         }
         // The store's order: by namespace and variable first.
         shapes.sort_unstable_by(|a, b| (a.ns, a.var, &*a.suffix).cmp(&(b.ns, b.var, &*b.suffix)));
+        self.reading.clone_from(&shapes);
         // Keys are charged as they are taken, values as they arrive.
         let room = Cell::new(AHEAD_LIMIT);
         let mut grouping_keys = grouping_keys.take_while(|key| {

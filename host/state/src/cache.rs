@@ -515,11 +515,11 @@ impl<E: KvEngine> CachedEngine<E> {
         lock(&self.shards[i])
     }
 
-    /// Hints the CPU to fetch the cache slot of `key` (see [`Shard::prefetch`]), for passes
-    /// over many keys: called [`SLOT_AHEAD`] keys ahead, the slot's cache miss overlaps the
-    /// work on the keys before it. The key's own bytes should have been asked for earlier
-    /// ([`PREFETCH_AHEAD`]): hashing it reads them.
-    fn prefetch(&self, key: &[u8]) {
+    /// Hints the CPU to fetch the cache slot of `key` (see [`Shard::prefetch`]): in passes
+    /// over many keys, [`SLOT_AHEAD`] keys ahead, so the slot's cache miss overlaps the work
+    /// on the keys before it (the key's own bytes asked for earlier, [`PREFETCH_AHEAD`]:
+    /// hashing it reads them); and before a grouping key's handler ([`KvEngine::prefetch`]).
+    fn prefetch_slot(&self, key: &[u8]) {
         if cached(key) {
             self.shard(self.shard_of(key)).prefetch(key);
         }
@@ -591,7 +591,7 @@ impl<E: KvEngine> CachedEngine<E> {
                 ahead.prefetch();
             }
             if let Some(WriteOp::Put(key, _) | WriteOp::Delete(key)) = ops.get(n + SLOT_AHEAD) {
-                self.prefetch(key);
+                self.prefetch_slot(key);
             }
             match op {
                 WriteOp::Put(k, v) if cached(k) => {
@@ -703,7 +703,7 @@ impl<E: KvEngine> KvEngine for CachedEngine<E> {
         for (i, key) in keys.iter().enumerate() {
             prefetch_keys(keys, i);
             if let Some(ahead) = keys.get(i + SLOT_AHEAD) {
-                self.prefetch(ahead);
+                self.prefetch_slot(ahead);
             }
             if !cached(key) {
                 answers.push(Answer::Absent);
@@ -740,13 +740,17 @@ impl<E: KvEngine> KvEngine for CachedEngine<E> {
         Ok(())
     }
 
+    fn prefetch(&self, key: &[u8]) {
+        self.prefetch_slot(key);
+    }
+
     fn read_ahead(&self, keys: &[&[u8]], f: &mut GetManyFn<'_>) -> Result<()> {
         let mut misses: Vec<&[u8]> = Vec::new();
         let mut at: Vec<usize> = Vec::new();
         for (i, key) in keys.iter().enumerate() {
             prefetch_keys(keys, i);
             if let Some(ahead) = keys.get(i + SLOT_AHEAD) {
-                self.prefetch(ahead);
+                self.prefetch_slot(ahead);
             }
             if !self.holds(key) {
                 misses.push(key);

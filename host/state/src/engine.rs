@@ -52,6 +52,11 @@ pub trait KvEngine: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Hints that `key` is about to be read. A backend whose reads look in a table in memory
+    /// may ask the CPU for the key's slot, so the read that follows does not wait for it;
+    /// nothing else changes. The default does nothing.
+    fn prefetch(&self, _key: &[u8]) {}
+
     /// Reads ahead: calls `f` with the index and stored value (if any) of each of `keys`
     /// that a point read would not answer from memory, in any order, reading them together
     /// (on RocksDB, sorted and batched). Keys a backend would answer from memory are left

@@ -718,6 +718,14 @@ impl PartitionTxn {
         self.ahead.get_mut().read(&*self.engine, keys)
     }
 
+    /// Hints that grouping key `key`'s state is read next: the backend may bring the slots
+    /// of the reads a key made in earlier batches into the CPU's caches (see
+    /// [`Ahead::prefetch`]). Changes nothing a read returns.
+    pub fn prefetch(&mut self, key: &[u8]) {
+        let buf = self.scratch.get_mut();
+        self.ahead.get_mut().prefetch(&*self.engine, key, buf);
+    }
+
     /// Reads [`Self::read_ahead`] keeps.
     #[cfg(test)]
     pub(crate) fn read_ahead_len(&self) -> usize {

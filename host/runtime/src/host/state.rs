@@ -133,7 +133,7 @@ pub(crate) struct StateCtx {
     pub(super) key: String,
     /// The keys of the batched call in progress, if one is.
     pub(super) batch: Option<BatchKeys>,
-    txn: Option<PartitionTxn>,
+    pub(super) txn: Option<PartitionTxn>,
     pub(super) times: Option<BatchTimes>,
     /// Bumped on every call; iterators created in an earlier call are refused.
     generation: u64,
