@@ -51,6 +51,19 @@ const SAMPLE_MISSES: usize = 16;
 /// worker holds one partition's until its batch ends, beside the batch's input and overlay.
 pub(crate) const AHEAD_LIMIT: usize = 128 << 20;
 
+/// Where [`Ahead::seen`] counts the reads of namespace `ns`, if it is one read ahead. Each
+/// namespace has a learning window of its own: a guest holding its writes
+/// (`keys.apply-writes`) appends to its lists when the held writes are sent, after many keys'
+/// other reads, and a list's length, read then, fell outside a window shared by all reads.
+fn learning_slot(ns: u8) -> Option<usize> {
+    match ns {
+        keys::VALUE => Some(0),
+        keys::LIST_META => Some(1),
+        keys::MAP => Some(2),
+        _ => None,
+    }
+}
+
 /// One kind of per-key point read: `[ns][var]`, then the grouping key with its length,
 /// then `suffix`.
 #[derive(Clone, PartialEq, Eq)]
@@ -105,8 +118,9 @@ impl Shapes {
 /// this one.
 pub(crate) struct Ahead {
     shapes: Shapes,
-    /// Point reads looked at so far (up to [`LEARN_READS`]).
-    seen: u32,
+    /// Point reads looked at so far, per namespace read ahead (up to [`LEARN_READS`] each;
+    /// see [`learning_slot`]).
+    seen: [u32; 3],
     /// Shapes seen, each with the first grouping key it was seen for, and whether it was
     /// seen for another key too.
     learned: Vec<(Shape, SmallBytes, bool)>,
@@ -121,7 +135,7 @@ impl Ahead {
     pub(crate) fn new(shapes: Shapes) -> Self {
         Self {
             shapes,
-            seen: 0,
+            seen: [0; 3],
             learned: Vec::new(),
             found: PrefixMap::default(),
             reading: Vec::new(),
@@ -143,10 +157,13 @@ impl Ahead {
     /// Notes a point read of committed state at `key`, while learning.
     #[inline]
     pub(crate) fn note(&mut self, key: &[u8]) {
-        if self.seen >= LEARN_READS {
+        let Some(slot) = key.first().copied().and_then(learning_slot) else {
+            return;
+        };
+        if self.seen[slot] >= LEARN_READS {
             return;
         }
-        self.seen += 1;
+        self.seen[slot] += 1;
         let Some((shape, grouping)) = Shape::of(key) else {
             return;
         };
@@ -336,5 +353,27 @@ mod tests {
         one.note(&keys::var_key_prefix(keys::VALUE, 7, b"a"));
         one.finish();
         assert_eq!(shapes.get().len(), 2);
+    }
+
+    #[test]
+    fn a_namespace_first_read_late_in_the_batch_is_still_learned() {
+        // As a guest holding its writes reads: every key's value and map entry first, the
+        // lists' lengths only when the held appends are sent.
+        let shapes = Shapes::default();
+        let mut ahead = Ahead::new(shapes.clone());
+        let keys: Vec<Vec<u8>> = (0..2 * LEARN_READS).map(|i| i.to_string().into()).collect();
+        for key in &keys {
+            ahead.note(&keys::var_key_prefix(keys::VALUE, 1, key));
+            ahead.note(&map_key(3, key, b"calls"));
+        }
+        for key in &keys[..3] {
+            ahead.note(&keys::var_key_prefix(keys::LIST_META, 2, key));
+        }
+        ahead.finish();
+        let namespaces: Vec<(u8, u32)> = shapes.get().iter().map(|s| (s.ns, s.var)).collect();
+        assert_eq!(
+            namespaces,
+            [(keys::VALUE, 1), (keys::MAP, 3), (keys::LIST_META, 2)]
+        );
     }
 }
