@@ -525,6 +525,18 @@ impl<E: KvEngine> CachedEngine<E> {
         }
     }
 
+    /// In a pass over `keys`, at the `i`th: asks for the bytes of the key
+    /// [`PREFETCH_AHEAD`] after it and the slot of the one [`SLOT_AHEAD`] after it.
+    #[inline]
+    fn prefetch_ahead_of(&self, keys: &[&[u8]], i: usize) {
+        if let Some(ahead) = keys.get(i + PREFETCH_AHEAD) {
+            prefetch(ahead);
+        }
+        if let Some(ahead) = keys.get(i + SLOT_AHEAD) {
+            self.prefetch_slot(ahead);
+        }
+    }
+
     /// The cached read of `key`: a hit (after calling `f` with the bytes, if the key is
     /// known to have any), or a miss (and the shard's version).
     fn lookup(&self, key: &[u8], f: &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<Lookup> {
@@ -635,17 +647,9 @@ impl<E: KvEngine> CachedEngine<E> {
 }
 
 /// How many keys ahead a pass over many keys asks for a key's cache slot
-/// ([`CachedEngine::prefetch`]): fewer than [`PREFETCH_AHEAD`], so the key's bytes, asked for
-/// then, are there to hash.
+/// ([`CachedEngine::prefetch_slot`]): fewer than [`PREFETCH_AHEAD`], so the key's bytes,
+/// asked for then, are there to hash.
 const SLOT_AHEAD: usize = PREFETCH_AHEAD / 2;
-
-/// Asks for the bytes of the key [`PREFETCH_AHEAD`] after the `i`th of `keys`.
-#[inline]
-fn prefetch_keys(keys: &[&[u8]], i: usize) {
-    if let Some(ahead) = keys.get(i + PREFETCH_AHEAD) {
-        prefetch(ahead);
-    }
-}
 
 /// Where [`CachedEngine::get_many`] keeps a key's answer until its turn.
 enum Answer {
@@ -701,10 +705,7 @@ impl<E: KvEngine> KvEngine for CachedEngine<E> {
             None => Answer::Absent,
         };
         for (i, key) in keys.iter().enumerate() {
-            prefetch_keys(keys, i);
-            if let Some(ahead) = keys.get(i + SLOT_AHEAD) {
-                self.prefetch_slot(ahead);
-            }
+            self.prefetch_ahead_of(keys, i);
             if !cached(key) {
                 answers.push(Answer::Absent);
                 misses.push((i, NO_FILL));
@@ -748,10 +749,7 @@ impl<E: KvEngine> KvEngine for CachedEngine<E> {
         let mut misses: Vec<&[u8]> = Vec::new();
         let mut at: Vec<usize> = Vec::new();
         for (i, key) in keys.iter().enumerate() {
-            prefetch_keys(keys, i);
-            if let Some(ahead) = keys.get(i + SLOT_AHEAD) {
-                self.prefetch_slot(ahead);
-            }
+            self.prefetch_ahead_of(keys, i);
             if !self.holds(key) {
                 misses.push(key);
                 at.push(i);
