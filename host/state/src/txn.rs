@@ -347,39 +347,42 @@ impl PartitionTxn {
             ..
         } = &mut self.overlay;
         let ordered = ordered.get_mut();
-        let list = vars.get_or_default(&k[1..]).list.get_or_insert_default();
-        let first = match list.next_seq {
-            Some(next) => next,
-            None => {
-                // The metadata key differs from the prefix in its namespace byte only.
-                k[0] = keys::LIST_META;
-                let ahead = self.ahead.get_mut();
-                ahead.note(k);
-                let next = read_ahead_or_with(&*self.engine, ahead, k, decode_next_seq);
-                k[0] = keys::LIST;
-                let next = next?.unwrap_or(0);
-                list.committed_next = Some(next);
-                next
+        let (ahead, engine, partition) = (self.ahead.get_mut(), &*self.engine, self.partition);
+        let k: &[u8] = k;
+        let added = vars.with_value(&k[1..], |bucket| -> Result<isize> {
+            let list = bucket.list.get_or_insert_default();
+            let first = match list.next_seq {
+                Some(next) => next,
+                None => {
+                    // The metadata key differs from the prefix in its namespace byte only.
+                    let meta = SmallBytes::from_parts(&[&[keys::LIST_META], &k[1..]]);
+                    ahead.note(&meta);
+                    let next = read_ahead_or_with(engine, ahead, &meta, decode_next_seq)?;
+                    let next = next.unwrap_or(0);
+                    list.committed_next = Some(next);
+                    next
+                }
+            };
+            let next = u64::try_from(values.len())
+                .ok()
+                .and_then(|n| first.checked_add(n))
+                .ok_or_else(|| StoreError::Corrupt("list sequence overflow".into()))?;
+            let mut added = 0;
+            for (seq, value) in (first..).zip(values) {
+                let seq = seq.to_be_bytes();
+                if let Some(expiry) = value.expires_at_ms {
+                    let key = index_key(keys::TTL, partition, expiry, k, &seq);
+                    ordered.mark(key, true);
+                }
+                added += list.write(&seq, Some(value.encode()));
             }
-        };
-        let next = u64::try_from(values.len())
-            .ok()
-            .and_then(|n| first.checked_add(n))
-            .ok_or_else(|| StoreError::Corrupt("list sequence overflow".into()))?;
-        let mut added = 0;
-        for (seq, value) in (first..).zip(values) {
-            let seq = seq.to_be_bytes();
-            if let Some(expiry) = value.expires_at_ms {
-                let key = index_key(keys::TTL, self.partition, expiry, k, &seq);
-                ordered.mark(key, true);
+            list.next_seq = Some(next);
+            if !list.meta_dirty {
+                list.meta_dirty = true;
+                added += 1;
             }
-            added += list.write(&seq, Some(value.encode()));
-        }
-        list.next_seq = Some(next);
-        if !list.meta_dirty {
-            list.meta_dirty = true;
-            added += 1;
-        }
+            Ok(added)
+        })?;
         add(writes, added);
         Ok(())
     }
@@ -454,8 +457,11 @@ impl PartitionTxn {
             let key = index_key(keys::TTL, self.partition, expiry, k, user_key);
             ordered.get_mut().mark(key, true);
         }
-        let map = vars.get_or_default(&k[1..]).map.get_or_insert_default();
-        add(writes, map.write(user_key, Some(value.encode())));
+        let change = vars.with_value(&k[1..], |bucket| {
+            let map = bucket.map.get_or_insert_default();
+            map.write(user_key, Some(value.encode()))
+        });
+        add(writes, change);
         Ok(())
     }
 
@@ -926,8 +932,9 @@ impl PartitionTxn {
         if o.timer_keys > 0 {
             o.timers.reserve(std::mem::take(&mut o.timer_keys));
         }
-        let timers = o.timers.get_or_default(&k[1..]);
-        let change = timers.write(&keys::encode_i64(ts), register.then(Vec::new));
+        let change = o.timers.with_value(&k[1..], |timers| {
+            timers.write(&keys::encode_i64(ts), register.then(Vec::new))
+        });
         add(&mut o.writes, change);
         o.mark(
             index_key(keys::TIMER_BY_TIME, self.partition, ts, key, &[]),
@@ -1045,8 +1052,10 @@ impl PartitionTxn {
 impl Overlay {
     /// Sets the value slot of `hkey`.
     fn put_value_slot(&mut self, hkey: &[u8], slot: Slot) {
-        let bucket = self.vars.get_or_default(hkey);
-        if bucket.value.replace(slot).is_none() {
+        if self
+            .vars
+            .with_value(hkey, |bucket| bucket.value.replace(slot).is_none())
+        {
             self.writes += 1;
         }
     }
