@@ -631,6 +631,12 @@ mod tests {
         *m.get_or_default(b"a") += 1;
         *m.get_or_default(&[9; 40]) += 5;
         *m.get_or_default(b"b") += 2;
+        // A new key's value starts from the default and is kept; an existing key's is
+        // updated in place. Either way `with_value` returns what its function returned.
+        assert_eq!(m.with_value(b"c", |v| std::mem::replace(v, 7)), 0);
+        assert_eq!(m.with_value(b"c", |v| std::mem::replace(v, 8)), 7);
+        assert_eq!(m.with_value(b"b", |v| *v), 4);
+        assert_eq!(m.get(b"c"), Some(&8));
         assert_eq!(m.get(b"b"), Some(&4));
         assert_eq!(m.get(&[9; 40]), Some(&5));
         let sorted: Vec<(Vec<u8>, u32)> = m
@@ -640,7 +646,12 @@ mod tests {
             .collect();
         assert_eq!(
             sorted,
-            [(vec![9; 40], 5), (b"a".to_vec(), 1), (b"b".to_vec(), 4)]
+            [
+                (vec![9; 40], 5),
+                (b"a".to_vec(), 1),
+                (b"b".to_vec(), 4),
+                (b"c".to_vec(), 8)
+            ]
         );
     }
 
