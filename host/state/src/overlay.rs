@@ -201,14 +201,7 @@ impl<V: Default> PrefixMap<V> {
     /// The value at `key`, inserting a default one if there is none.
     #[inline]
     pub(crate) fn get_or_default(&mut self, key: &[u8]) -> &mut V {
-        let hasher = &self.hasher;
-        let hash = hasher.hash_one(key);
-        let entry = self.table.entry(
-            hash,
-            |(k, _)| k.as_slice() == key,
-            |(k, _)| hasher.hash_one(k.as_slice()),
-        );
-        match entry {
+        match self.entry(key) {
             Entry::Occupied(e) => &mut e.into_mut().1,
             Entry::Vacant(e) => &mut e.insert((SmallBytes::new(key), V::default())).into_mut().1,
         }
@@ -221,14 +214,7 @@ impl<V: Default> PrefixMap<V> {
     /// a value write's own time).
     #[inline]
     pub(crate) fn with_value<R>(&mut self, key: &[u8], f: impl FnOnce(&mut V) -> R) -> R {
-        let hasher = &self.hasher;
-        let hash = hasher.hash_one(key);
-        let entry = self.table.entry(
-            hash,
-            |(k, _)| k.as_slice() == key,
-            |(k, _)| hasher.hash_one(k.as_slice()),
-        );
-        match entry {
+        match self.entry(key) {
             Entry::Occupied(mut e) => f(&mut e.get_mut().1),
             Entry::Vacant(e) => {
                 let mut value = V::default();
@@ -237,6 +223,17 @@ impl<V: Default> PrefixMap<V> {
                 out
             }
         }
+    }
+
+    /// The table's entry for `key`.
+    #[inline]
+    fn entry(&mut self, key: &[u8]) -> Entry<'_, (SmallBytes, V)> {
+        let hasher = &self.hasher;
+        self.table.entry(
+            hasher.hash_one(key),
+            |(k, _)| k.as_slice() == key,
+            |(k, _)| hasher.hash_one(k.as_slice()),
+        )
     }
 
     /// Makes room for `additional` more entries, so inserting them does not grow the
