@@ -717,7 +717,7 @@ impl PartitionTxn {
 
     /// Reads ahead, for each of the batch's grouping keys `keys` (in the order they will be
     /// called), the committed state the batches before read for theirs, where the backend
-    /// would not answer it from memory (see [`crate::ahead`]). Call it before the batch's
+    /// would not answer it from memory (see the `ahead` module). Call it before the batch's
     /// first read; the reads then find it without a trip to the backend each.
     pub fn read_ahead<'k>(&mut self, keys: impl Iterator<Item = &'k [u8]>) -> Result<()> {
         self.check_open();
@@ -726,7 +726,7 @@ impl PartitionTxn {
 
     /// Hints that grouping key `key`'s state is read next: the backend may bring the slots
     /// of the reads a key made in earlier batches into the CPU's caches (see
-    /// [`Ahead::prefetch`]). Changes nothing a read returns.
+    /// [`KvEngine::prefetch`]). Changes nothing a read returns.
     pub fn prefetch(&mut self, key: &[u8]) {
         let buf = self.scratch.get_mut();
         self.ahead.get_mut().prefetch(&*self.engine, key, buf);
