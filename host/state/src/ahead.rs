@@ -235,12 +235,12 @@ impl Ahead {
     ) -> Result<()> {
         self.found = PrefixMap::default();
         let mut shapes = self.shapes.get().to_vec();
+        self.reading.clone_from(&shapes);
         if shapes.is_empty() {
             return Ok(());
         }
         // The store's order: by namespace and variable first.
         shapes.sort_unstable_by(|a, b| (a.ns, a.var, &*a.suffix).cmp(&(b.ns, b.var, &*b.suffix)));
-        self.reading.clone_from(&shapes);
         // Keys are charged as they are taken, values as they arrive.
         let room = Cell::new(AHEAD_LIMIT);
         let mut grouping_keys = grouping_keys.take_while(|key| {
