@@ -51,17 +51,16 @@ const SAMPLE_MISSES: usize = 16;
 /// worker holds one partition's until its batch ends, beside the batch's input and overlay.
 pub(crate) const AHEAD_LIMIT: usize = 128 << 20;
 
+/// The namespaces whose point reads are learned and read ahead: value state, lists'
+/// lengths, map entries.
+const READ_AHEAD: [u8; 3] = [keys::VALUE, keys::LIST_META, keys::MAP];
+
 /// Where [`Ahead::seen`] counts the reads of namespace `ns`, if it is one read ahead. Each
 /// namespace has a learning window of its own: a guest holding its writes
 /// (`keys.apply-writes`) appends to its lists when the held writes are sent, after many keys'
 /// other reads, and a list's length, read then, fell outside a window shared by all reads.
 fn learning_slot(ns: u8) -> Option<usize> {
-    match ns {
-        keys::VALUE => Some(0),
-        keys::LIST_META => Some(1),
-        keys::MAP => Some(2),
-        _ => None,
-    }
+    READ_AHEAD.iter().position(|&n| n == ns)
 }
 
 /// One kind of per-key point read: `[ns][var]`, then the grouping key with its length,
@@ -78,7 +77,7 @@ impl Shape {
     /// list's length or a map entry.
     fn of(key: &[u8]) -> Option<(Self, &[u8])> {
         let ns = *key.first()?;
-        if !matches!(ns, keys::VALUE | keys::LIST_META | keys::MAP) {
+        if !READ_AHEAD.contains(&ns) {
             return None;
         }
         let (var, grouping, suffix) = keys::decode_var_key(ns, key).ok()?;
@@ -120,7 +119,7 @@ pub(crate) struct Ahead {
     shapes: Shapes,
     /// Point reads looked at so far, per namespace read ahead (up to [`LEARN_READS`] each;
     /// see [`learning_slot`]).
-    seen: [u32; 3],
+    seen: [u32; READ_AHEAD.len()],
     /// Shapes seen, each with the first grouping key it was seen for, and whether it was
     /// seen for another key too.
     learned: Vec<(Shape, SmallBytes, bool)>,
@@ -135,7 +134,7 @@ impl Ahead {
     pub(crate) fn new(shapes: Shapes) -> Self {
         Self {
             shapes,
-            seen: [0; 3],
+            seen: [0; READ_AHEAD.len()],
             learned: Vec::new(),
             found: PrefixMap::default(),
             reading: Vec::new(),
