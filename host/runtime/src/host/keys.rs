@@ -52,9 +52,7 @@ impl keys::Host for HostView<'_> {
         batch.selected = Some(index);
         batch.keys[index].clone_into(&mut self.state.key);
         // Guests select the entries in order: the next one's state is read next.
-        if let (Some(next), Some(txn)) = (batch.keys.get(index + 1), self.state.txn.as_mut()) {
-            txn.prefetch(next.as_bytes());
-        }
+        self.state.prefetch_entry(index + 1);
         Ok(Ok(()))
     }
 

@@ -133,7 +133,7 @@ pub(crate) struct StateCtx {
     pub(super) key: String,
     /// The keys of the batched call in progress, if one is.
     pub(super) batch: Option<BatchKeys>,
-    pub(super) txn: Option<PartitionTxn>,
+    txn: Option<PartitionTxn>,
     pub(super) times: Option<BatchTimes>,
     /// Bumped on every call; iterators created in an earlier call are refused.
     generation: u64,
@@ -210,6 +210,15 @@ impl StateCtx {
 
     pub(super) fn selected_entry(&self) -> Option<usize> {
         self.batch.as_ref().and_then(|b| b.selected)
+    }
+
+    /// Hints that entry `entry` of the batched call in progress is the next whose state is
+    /// read (see `PartitionTxn::prefetch`); nothing if there is no such entry.
+    pub(super) fn prefetch_entry(&mut self, entry: usize) {
+        let key = self.batch.as_ref().and_then(|b| b.keys.get(entry));
+        if let (Some(key), Some(txn)) = (key, self.txn.as_mut()) {
+            txn.prefetch(key.as_bytes());
+        }
     }
 
     /// The query and batch, as `get-query-info` reports them.
