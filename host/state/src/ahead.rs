@@ -30,7 +30,7 @@
 use std::cell::Cell;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::engine::KvEngine;
+use crate::engine::{KvEngine, PREFETCH_AHEAD};
 use crate::keys;
 use crate::overlay::{PrefixMap, SmallBytes};
 use crate::{Result, VarId};
@@ -208,15 +208,19 @@ impl Ahead {
     }
 
     /// Hints `engine` that grouping key `key`'s learned shapes are read next
-    /// ([`KvEngine::prefetch`]), building each key in `buf`. Called for the next key while
-    /// the current one's handler runs, the reads of the next find their cache slots in the
-    /// CPU's caches: a processor reads each key's state once per batch, and every such read
-    /// was a cache miss.
+    /// ([`KvEngine::prefetch`]), building each key in `buf`, and asks for their slots among
+    /// the answers read ahead. Called for the next key while the current one's handler runs,
+    /// the reads of the next find their slots in the CPU's caches: a processor reads each
+    /// key's state once per batch, and every such read was a cache miss.
     pub(crate) fn prefetch(&self, engine: &dyn KvEngine, key: &[u8], buf: &mut Vec<u8>) {
         for shape in &self.reading {
             buf.clear();
             shape.push_key(buf, key);
             engine.prefetch(buf);
+            // Past the cache, the read is answered from what was read ahead.
+            if !self.found.is_empty() {
+                self.found.prefetch(buf);
+            }
         }
     }
 
@@ -294,6 +298,10 @@ impl Ahead {
         let found = &mut self.found;
         let mut answered = 0;
         engine.read_ahead(&keys, &mut |i, v| {
+            // The answers come in order: the slot of one a few ahead overlaps this one's.
+            if let Some(ahead) = keys.get(i + PREFETCH_AHEAD) {
+                found.prefetch(ahead);
+            }
             answered += 1;
             let heap = SmallBytes::heap_len(v.map_or(0, <[u8]>::len));
             if let Some(left) = room.get().checked_sub(heap) {
