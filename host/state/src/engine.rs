@@ -171,10 +171,10 @@ fn prefetch_at(at: *const u8) {
     let _ = at;
 }
 
-/// Where lookups in a hash table start, kept apart from the table so that a key's slot can
-/// be asked for ([`prefetch`]) without touching the table: no lock to take, and no control
-/// byte to read first (the state cache's hint did both: in a profile of the counter, nearly
-/// half of its samples waited on the control byte's miss, and an eighth on the lock).
+/// Where lookups in a hash table start, kept beside the table so that a key's slot can be
+/// asked for ([`prefetch`]) without reading the table first: a hint that reads the bucket's
+/// control byte to find the entry (as `get_bucket` does) waits on that miss itself. Its
+/// fields are atomics so that a shared reference can update them.
 ///
 /// It follows hashbrown's layout: a lookup of `hash` starts at bucket `hash & (buckets - 1)`,
 /// whose control byte is that many bytes after the table's control bytes and whose entry is
@@ -221,12 +221,6 @@ impl SlotHint {
             prefetch_at(ctrl);
             prefetch_at(entry);
         }
-    }
-
-    /// The bucket count of the table when its slots were last located.
-    #[cfg(test)]
-    pub(crate) fn buckets(&self) -> usize {
-        self.buckets.load(Ordering::Relaxed)
     }
 
     /// Where a lookup of `hash` starts: its control byte and its entry.
