@@ -202,6 +202,13 @@ impl SlotHint {
 
     #[cold]
     fn locate<T>(&self, table: &HashTable<T>, buckets: usize) {
+        if table.is_empty() {
+            // No entry to locate the slots by (a table made room for before its first
+            // insert): looked at again by the next call.
+            self.ctrl.store(std::ptr::null_mut(), Ordering::Relaxed);
+            self.buckets.store(0, Ordering::Relaxed);
+            return;
+        }
         // Any full bucket tells where the control bytes are: the first is a few buckets in.
         let ctrl = (0..buckets)
             .find_map(|i| {
@@ -345,6 +352,22 @@ mod tests {
         }
         // Most keys sit in the bucket their lookup starts at.
         assert!(at_start > 500, "{at_start} of 1000");
+
+        // A table given room before its first insert is located once it has an entry.
+        let mut table: HashTable<(u64, [u8; 56])> = HashTable::with_capacity(100);
+        let hint = SlotHint::default();
+        hint.follow(&table);
+        assert_eq!(
+            hint.start::<(u64, [u8; 56])>(1),
+            None,
+            "nothing to locate it by"
+        );
+        let hash = hasher.hash_one(7u64);
+        table.insert_unique(hash, (7, [0; 56]), |e| hasher.hash_one(e.0));
+        hint.follow(&table);
+        let index = table.find_bucket_index(hash, |e| e.0 == 7).unwrap();
+        let found = std::ptr::from_ref(table.get_bucket(index).unwrap()).cast::<u8>();
+        assert_eq!(hint.start::<(u64, [u8; 56])>(hash).unwrap().1, found);
     }
 
     #[test]
