@@ -10,18 +10,21 @@ use statebox_tests::{Scratch, guests, statebox_bin};
 
 /// What the process holds besides the budget in these runs, in MiB: code (~60 MiB resident),
 /// the batch in flight (40,000 rows, their overlays, change log and write batch), RocksDB's
-/// table readers and allocator slack. Measured: peaks of 226-242 MiB with the 32 MiB budget
+/// table readers and allocator slack. Measured: peaks of 221-228 MiB with the 32 MiB budget
 /// (README, "Memory").
 const OVERHEAD_MIB: f64 = 240.0;
 
 /// What the same run holds beyond the small run's peak when the budget lets its state grow:
-/// measured 40-55 MiB more with 1 GiB.
-const MORE_WITH_ROOM_MIB: f64 = 25.0;
+/// measured 100-120 MiB more with 1 GiB. (Over 240,000 keys it was 40-55 MiB when the test
+/// was written; after later sessions' changes to the engine's memory use it measured 24-57
+/// MiB, 24 in one CI run, under this threshold's first value of 25 MiB: the state is now
+/// larger, for a margin well clear of the runs' noise.)
+const MORE_WITH_ROOM_MIB: f64 = 50.0;
 
 /// The small budget: the minimum.
 const SMALL_MIB: f64 = 32.0;
 
-/// `statebox bench count` of the native counter over 240,000 keys with `budget`: its
+/// `statebox bench count` of the native counter over 360,000 keys with `budget`: its
 /// summary.
 fn bench_count(budget: &str) -> Value {
     let out = Command::new(statebox_bin())
@@ -29,9 +32,9 @@ fn bench_count(budget: &str) -> Value {
             "bench",
             "count",
             "--engine=native",
-            "--events=480000",
-            "--keys=240000",
-            "--batches=12",
+            "--events=720000",
+            "--keys=360000",
+            "--batches=18",
         ])
         .arg(format!("--state-memory={budget}"))
         .output()
