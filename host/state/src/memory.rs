@@ -18,8 +18,8 @@
 //! share of the budget instead, bounded by their size and number. The block cache's capacity
 //! is not strict: a full strict cache fails reads ("Insert failed due to LRU cache being
 //! full") when blocks pinned by running reads fill it, while a non-strict one only lets
-//! pinned blocks (those being read, and level-0 files' index and filter blocks) overshoot it
-//! briefly.
+//! pinned blocks overshoot it: those being read, briefly, and the index and filter blocks
+//! of level-0 files until a compaction (at 16 files, see `rocks.rs`) replaces them.
 //!
 //! Not counted (bounded by other limits): the batch being processed (its input rows, the
 //! partitions' overlays of the keys it touched, its change log and output; bounded by
