@@ -300,6 +300,31 @@ impl EngineQuery {
 
     /// Like [`open`](Self::open), on a runtime shared with other queries.
     pub fn open_on(runtime: Arc<Runtime>, wasm: &str, key: &str, partitions: u16) -> EngineQuery {
+        EngineQuery::open_in(runtime, wasm, key, partitions, None)
+    }
+
+    /// Like [`open`](Self::open), in time mode `mode` (that of the processor if `None`).
+    pub fn open_in_time_mode(
+        wasm: &str,
+        key: &str,
+        mode: statebox_engine::TimeMode,
+    ) -> EngineQuery {
+        EngineQuery::open_in(
+            Arc::new(runtime(Limits::default())),
+            wasm,
+            key,
+            1,
+            Some(mode),
+        )
+    }
+
+    fn open_in(
+        runtime: Arc<Runtime>,
+        wasm: &str,
+        key: &str,
+        partitions: u16,
+        time_mode: Option<statebox_engine::TimeMode>,
+    ) -> EngineQuery {
         let processor = Arc::new(
             runtime
                 .load_file(Path::new(wasm))
@@ -308,6 +333,7 @@ impl EngineQuery {
         let scratch = Scratch::new();
         let opts = QueryOptions {
             partitions: Some(partitions),
+            time_mode,
             ..QueryOptions::new(
                 scratch.input(),
                 scratch.output(),

@@ -7,6 +7,7 @@ use serde::de::DeserializeOwned;
 
 use crate::__private::bindings::statebox::processor::handle as wit;
 use crate::error::LiftHost;
+use crate::held;
 use crate::state::Backend;
 use crate::{ListState, MapState, QueryInfo, Result, TimeMode, ValueState};
 
@@ -146,6 +147,7 @@ impl Handle {
     pub fn timers(&self) -> Timers {
         Timers {
             target: self.target.clone(),
+            held: self.time_mode != TimeMode::None,
         }
     }
 
@@ -223,6 +225,10 @@ impl Handle {
 #[derive(Clone)]
 pub struct Timers {
     target: Target,
+    /// Whether registrations and deletions may be held (see [`held`]): in a time mode with
+    /// timers, where the host accepts them. In time mode `None` they go at once, so the
+    /// error comes back from the call that made it.
+    held: bool,
 }
 
 impl Timers {
@@ -230,6 +236,9 @@ impl Timers {
     /// no-op.
     pub fn register(&self, expiry_ms: i64) -> Result<()> {
         match &self.target {
+            Target::Host if self.held && held::holding() => {
+                held::hold(held::TIMER_REGISTER, expiry_ms.to_string(), None)
+            }
             Target::Host => wit::register_timer(expiry_ms).lift(),
             #[cfg(not(target_arch = "wasm32"))]
             Target::Mem(store) => store.register_timer(expiry_ms),
@@ -239,6 +248,9 @@ impl Timers {
     /// Deletes the current key's timer at `expiry_ms`; deleting a missing timer is a no-op.
     pub fn delete(&self, expiry_ms: i64) -> Result<()> {
         match &self.target {
+            Target::Host if self.held && held::holding() => {
+                held::hold(held::TIMER_DELETE, expiry_ms.to_string(), None)
+            }
             Target::Host => wit::delete_timer(expiry_ms).lift(),
             #[cfg(not(target_arch = "wasm32"))]
             Target::Mem(store) => store.delete_timer(expiry_ms),
@@ -248,7 +260,11 @@ impl Timers {
     /// The current key's registered timers, ascending.
     pub fn list(&self) -> Result<Vec<i64>> {
         match &self.target {
-            Target::Host => wit::list_timers().lift(),
+            Target::Host => {
+                held::sync(held::TIMER_REGISTER)?;
+                held::sync(held::TIMER_DELETE)?;
+                wit::list_timers().lift()
+            }
             #[cfg(not(target_arch = "wasm32"))]
             Target::Mem(store) => store.list_timers(),
         }

@@ -1,10 +1,12 @@
 //! Writes held back and sent to the host together, for a processor that asks for it
 //! ([`StatefulProcessor::HOLD_WRITES`](crate::StatefulProcessor::HOLD_WRITES)).
 //!
-//! In a batched call, a value update, list append or map update is kept here instead of
-//! crossing into the host, and the kept writes go in one `keys.apply-writes` call: when the
-//! batched call ends, when [`MAX_WRITES`] or [`MAX_BYTES`] are kept, and before any other
-//! operation on a variable the current entry wrote (so a read sees every earlier write).
+//! In a batched call, a value update, list append, map update, timer registration or timer
+//! deletion is kept here instead of crossing into the host, and the kept writes go in one
+//! `keys.apply-writes` call: when the batched call ends, when [`MAX_WRITES`] or
+//! [`MAX_BYTES`] are kept, and before any other operation on a variable the current entry
+//! wrote, or a listing of timers it registered or deleted (so a read sees every earlier
+//! write).
 //! Each write names its entry, so writes of keys already handled wait for later ones. The
 //! host applies them in order, as the operations would have been one by one; state of one
 //! key is reachable from that key's entry only, so nothing else can see the difference.
@@ -17,6 +19,12 @@ use std::cell::RefCell;
 
 use crate::__private::bindings::statebox::processor::keys::{self as wit, HeldWrites};
 use crate::Error;
+
+/// The variable number of a held timer registration (see `batch.wit`'s `held-writes`).
+pub(crate) const TIMER_REGISTER: u32 = u32::MAX;
+
+/// The variable number of a held timer deletion.
+pub(crate) const TIMER_DELETE: u32 = u32::MAX - 1;
 
 /// Writes kept at most before they are sent.
 pub(crate) const MAX_WRITES: usize = 4096;

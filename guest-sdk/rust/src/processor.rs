@@ -33,15 +33,17 @@ pub trait StatefulProcessor: Sized + 'static {
     /// The output column holding each row's event time (event-time mode only). The host
     /// rejects rows older than the watermark.
     const OUTPUT_EVENT_TIME_COLUMN: Option<&'static str> = None;
-    /// Whether value updates, list appends (`append_value`) and map updates are held back
-    /// and sent to the host together: one crossing into the host for many writes instead of
-    /// one each, when the host calls the processor for many keys at once (input rows and
-    /// expired timers). Held writes go when the host's call ends, when many are held, and
-    /// before any other operation on a variable the key wrote, so reads always see earlier
+    /// Whether value updates, list appends (`append_value`), map updates and timer
+    /// registrations and deletions are held back and sent to the host together: one
+    /// crossing into the host for many writes instead of one each, when the host calls the
+    /// processor for many keys at once (input rows and expired timers). Held writes go when
+    /// the host's call ends, when many are held, and before any other operation on a
+    /// variable the key wrote (or a listing of its timers), so reads always see earlier
     /// writes. The host checks every write as before, but when it arrives: a write it
     /// rejects (a value that does not fit the schema, the state-size limit) fails the batch
     /// naming the key it was made for, although the update itself returned `Ok`. Leave it
-    /// off if the processor handles those errors of these three operations itself.
+    /// off if the processor handles those errors of these operations itself. (Timers are
+    /// not held in time mode `None`, so their error there comes back at once.)
     const HOLD_WRITES: bool = false;
 
     /// Declares the processor's state variables through `handle` and returns the processor

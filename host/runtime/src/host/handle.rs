@@ -74,11 +74,11 @@ impl handle::Host for HostView<'_> {
     }
 
     fn register_timer(&mut self, expiry_ms: i64) -> wasmtime::Result<Result<(), StateError>> {
-        HostView::register_timer(self, expiry_ms)
+        HostView::timer_register(self, expiry_ms, None)
     }
 
     fn delete_timer(&mut self, expiry_ms: i64) -> wasmtime::Result<Result<(), StateError>> {
-        HostView::delete_timer(self, expiry_ms)
+        HostView::timer_delete(self, expiry_ms, None)
     }
 
     fn list_timers(&mut self) -> wasmtime::Result<Result<Vec<i64>, StateError>> {

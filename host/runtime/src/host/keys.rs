@@ -10,6 +10,34 @@ use super::state::{ListStateRes, MapStateRes, ValueStateRes};
 use crate::bindings::statebox::processor::keys::{self, HeldWrites, WriteFailure};
 use crate::bindings::statebox::processor::types::{ErrorKind, StateError};
 
+/// A held write to the entry's timers rather than to a state variable: the `variables`
+/// numbers `batch.wit` sets aside for them, which no state variable has (they are resource
+/// handles, numbered from the bottom of the instance's table).
+#[derive(Clone, Copy)]
+enum HeldTimer {
+    /// `register-timer`, at number 2^32 - 1.
+    Register,
+    /// `delete-timer`, at number 2^32 - 2.
+    Delete,
+}
+
+impl HeldTimer {
+    fn of(variable: u32) -> Option<HeldTimer> {
+        match variable {
+            u32::MAX => Some(HeldTimer::Register),
+            0xFFFF_FFFE => Some(HeldTimer::Delete),
+            _ => None,
+        }
+    }
+
+    fn verb(self) -> &'static str {
+        match self {
+            HeldTimer::Register => "registers",
+            HeldTimer::Delete => "deletes",
+        }
+    }
+}
+
 impl keys::Host for HostView<'_> {
     fn use_key(&mut self, index: u32) -> wasmtime::Result<Result<(), StateError>> {
         let batch_id = self.state.batch_id();
@@ -85,6 +113,26 @@ impl keys::Host for HostView<'_> {
         let writes = entries.into_iter().zip(variables).zip(values);
         for (position, ((entry, variable), value)) in writes.enumerate() {
             let entry = Some(entry);
+            if let Some(timer) = HeldTimer::of(variable) {
+                let applied = match serde_json::from_str::<i64>(&value) {
+                    Ok(at) => match timer {
+                        HeldTimer::Register => self.timer_register(at, entry)?,
+                        HeldTimer::Delete => self.timer_delete(at, entry)?,
+                    },
+                    Err(_) => Err(err(
+                        ErrorKind::InvalidUse,
+                        format!(
+                            "apply-writes: write {position} {} a timer at `{value}`, which is \
+                             not a time in milliseconds (a JSON integer)",
+                            timer.verb()
+                        ),
+                    )),
+                };
+                if let Err(error) = applied {
+                    return failure(position, error);
+                }
+                continue;
+            }
             let any = self.sandbox.table.get_any_mut(variable)?;
             let applied = if any.is::<ValueStateRes>() {
                 self.value_update(&Resource::new_borrow(variable), value, entry)?

@@ -712,6 +712,83 @@ fn held_writes_apply_to_their_entries_keys_in_order_and_stop_at_the_first_reject
     );
 }
 
+/// Held writes numbered 2^32 - 1 and 2^32 - 2 register and delete timers of their entries'
+/// keys, in order with the other writes; a time that is no integer, or timers in time mode
+/// none, are refused at the write.
+#[test]
+fn held_timer_writes_register_and_delete_their_entries_timers() {
+    use crate::bindings::statebox::processor::keys::HeldWrites;
+
+    const REGISTER: u32 = u32::MAX;
+    const DELETE: u32 = u32::MAX - 1;
+    let writes = |writes: &[(u32, u32, &str)]| HeldWrites {
+        entries: writes.iter().map(|w| w.0).collect(),
+        variables: writes.iter().map(|w| w.1).collect(),
+        values: writes.iter().map(|w| w.2.to_owned()).collect(),
+        user_keys: Vec::new(),
+    };
+    let mut h = host(TimeMode::ProcessingTime);
+    let d = declare(&mut h);
+    let _cp = lend(&mut h);
+    h.begin_batch_call(vec![KEY.into(), OTHER.into()]);
+    let mut v = h.view();
+    let count = HostValueState::number(&mut v, again(&d.count)).unwrap();
+    v.use_key(1).unwrap().unwrap();
+    v.apply_writes(writes(&[
+        (0, REGISTER, "30"),
+        (1, REGISTER, "20"),
+        (0, count, "7"),
+        (0, REGISTER, "40"),
+        (0, DELETE, "30"),
+        (1, DELETE, "99"),
+    ]))
+    .unwrap()
+    .unwrap();
+    assert_eq!(v.list_timers().unwrap().unwrap(), [20]);
+    v.use_key(0).unwrap().unwrap();
+    assert_eq!(v.list_timers().unwrap().unwrap(), [40]);
+    for bad in ["\"soon\"", "1.5", "null", "99999999999999999999"] {
+        let failure = v
+            .apply_writes(writes(&[(0, DELETE, "40"), (0, REGISTER, bad)]))
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(
+            (failure.position, failure.error.kind),
+            (1, ErrorKind::InvalidUse),
+            "{bad}"
+        );
+        assert!(
+            failure.error.message.contains(bad) && failure.error.message.contains("registers"),
+            "{}",
+            failure.error.message
+        );
+        // The deletion before it applied.
+        assert_eq!(v.list_timers().unwrap().unwrap(), Vec::<i64>::new());
+        v.timer_register(40, None).unwrap().unwrap();
+    }
+    h.end_call();
+
+    let mut h = host(TimeMode::None);
+    let _d = declare(&mut h);
+    let _cp = lend(&mut h);
+    h.begin_batch_call(vec![KEY.into()]);
+    let failure = h
+        .view()
+        .apply_writes(writes(&[(0, DELETE, "1")]))
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(
+        (failure.position, failure.error.kind),
+        (0, ErrorKind::UnsupportedInTimeMode)
+    );
+    assert!(
+        failure.error.message.contains("delete-timer"),
+        "{}",
+        failure.error.message
+    );
+    h.end_call();
+}
+
 #[test]
 fn an_iterator_works_only_in_its_call_and_for_its_key() {
     let mut h = host(TimeMode::None);

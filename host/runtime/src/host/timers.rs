@@ -56,26 +56,31 @@ impl StateCtx {
 
 /// The timer functions of the `handle` interface (see `handle.rs`).
 impl HostView<'_> {
-    pub(super) fn register_timer(
+    /// Registers a timer at `expiry_ms` for the selected key, or for `entry`'s key (a held
+    /// write, see `keys.rs`).
+    pub(super) fn timer_register(
         &mut self,
         expiry_ms: i64,
+        entry: Option<u32>,
     ) -> wasmtime::Result<Result<(), StateError>> {
         if let Err(e) = self.state.timers_allowed("register-timer") {
             return Ok(Err(e));
         }
-        op!(self, "register-timer", |txn, key| txn
+        op!(self, "register-timer", entry, |txn, key| txn
             .timer_register(key, expiry_ms));
         Ok(Ok(()))
     }
 
-    pub(super) fn delete_timer(
+    /// Deletes the timer at `expiry_ms` of the selected key, or of `entry`'s key.
+    pub(super) fn timer_delete(
         &mut self,
         expiry_ms: i64,
+        entry: Option<u32>,
     ) -> wasmtime::Result<Result<(), StateError>> {
         if let Err(e) = self.state.timers_allowed("delete-timer") {
             return Ok(Err(e));
         }
-        op!(self, "delete-timer", |txn, key| txn
+        op!(self, "delete-timer", entry, |txn, key| txn
             .timer_delete(key, expiry_ms));
         Ok(Ok(()))
     }
