@@ -75,8 +75,8 @@ impl StatefulProcessor for HeartbeatMonitor {
 
     const NAME: &'static str = "heartbeat-monitor";
     const OUTPUT_SCHEMA: &'static str = "sensor string, status string";
-    // Its writes cannot fail (timers are refused in time mode none, but `init` refuses that
-    // first): the deadline's update and the timer's re-arming are sent many keys together.
+    // Its writes cannot fail (`init` accepts processing time only, where timers are
+    // allowed): the deadline's update and the timer's re-arming go many keys to a call.
     const HOLD_WRITES: bool = true;
 
     fn init(handle: &mut Handle) -> Result<Self> {

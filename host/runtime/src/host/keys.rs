@@ -11,21 +11,24 @@ use crate::bindings::statebox::processor::keys::{self, HeldWrites, WriteFailure}
 use crate::bindings::statebox::processor::types::{ErrorKind, StateError};
 
 /// A held write to the entry's timers rather than to a state variable: the `variables`
-/// numbers `batch.wit` sets aside for them, which no state variable has (they are resource
-/// handles, numbered from the bottom of the instance's table).
+/// numbers `batch.wit` sets aside for them, which no state variable has (a variable's
+/// number is its slot in the instance's resource table, which wasmtime caps at a million).
 #[derive(Clone, Copy)]
 enum HeldTimer {
-    /// `register-timer`, at number 2^32 - 1.
+    /// `register-timer`, at number [`HeldTimer::REGISTER`].
     Register,
-    /// `delete-timer`, at number 2^32 - 2.
+    /// `delete-timer`, at number [`HeldTimer::DELETE`].
     Delete,
 }
 
 impl HeldTimer {
+    const REGISTER: u32 = u32::MAX;
+    const DELETE: u32 = u32::MAX - 1;
+
     fn of(variable: u32) -> Option<HeldTimer> {
         match variable {
-            u32::MAX => Some(HeldTimer::Register),
-            0xFFFF_FFFE => Some(HeldTimer::Delete),
+            HeldTimer::REGISTER => Some(HeldTimer::Register),
+            HeldTimer::DELETE => Some(HeldTimer::Delete),
             _ => None,
         }
     }
