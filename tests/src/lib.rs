@@ -303,7 +303,8 @@ impl EngineQuery {
         EngineQuery::open_in(runtime, wasm, key, partitions, None)
     }
 
-    /// Like [`open`](Self::open), in time mode `mode` (that of the processor if `None`).
+    /// Like [`open`](Self::open) with one partition and the default limits, in time mode
+    /// `mode`.
     pub fn open_in_time_mode(
         wasm: &str,
         key: &str,
@@ -318,6 +319,7 @@ impl EngineQuery {
         )
     }
 
+    /// Opens the query in `time_mode` (the processor's own if `None`).
     fn open_in(
         runtime: Arc<Runtime>,
         wasm: &str,
