@@ -14,7 +14,7 @@ use crate::bindings::statebox::processor::types::{ErrorKind, StateError};
 /// numbers `batch.wit` sets aside for them, which no state variable has (a variable's
 /// number is its slot in the instance's resource table, which wasmtime caps at a million).
 #[derive(Clone, Copy)]
-enum HeldTimer {
+pub(super) enum HeldTimer {
     /// `register-timer`, at number [`HeldTimer::REGISTER`].
     Register,
     /// `delete-timer`, at number [`HeldTimer::DELETE`].
@@ -22,8 +22,8 @@ enum HeldTimer {
 }
 
 impl HeldTimer {
-    const REGISTER: u32 = u32::MAX;
-    const DELETE: u32 = u32::MAX - 1;
+    pub(super) const REGISTER: u32 = u32::MAX;
+    pub(super) const DELETE: u32 = u32::MAX - 1;
 
     fn of(variable: u32) -> Option<HeldTimer> {
         match variable {

@@ -572,8 +572,6 @@ fn a_batched_call_acts_on_the_selected_key_only() {
 
 #[test]
 fn held_writes_apply_to_their_entries_keys_in_order_and_stop_at_the_first_rejected() {
-    use crate::bindings::statebox::processor::keys::HeldWrites;
-
     let mut h = host(TimeMode::None);
     let d = declare(&mut h);
     let _cp = lend(&mut h);
@@ -583,13 +581,7 @@ fn held_writes_apply_to_their_entries_keys_in_order_and_stop_at_the_first_reject
         HostListState::number(&mut v, again(&d.items)).unwrap(),
         HostMapState::number(&mut v, again(&d.tags)).unwrap(),
     );
-    // Writes as (entry, variable, value), and the map writes' user keys.
-    let writes = |writes: &[(u32, u32, &str)], user_keys: &[&str]| HeldWrites {
-        entries: writes.iter().map(|w| w.0).collect(),
-        variables: writes.iter().map(|w| w.1).collect(),
-        values: writes.iter().map(|w| w.2.to_owned()).collect(),
-        user_keys: user_keys.iter().map(|&k| k.to_owned()).collect(),
-    };
+    let writes = held_writes;
     // Outside a batched call there are no entries to name.
     h.begin_call(KEY);
     let failure = h
@@ -712,21 +704,29 @@ fn held_writes_apply_to_their_entries_keys_in_order_and_stop_at_the_first_reject
     );
 }
 
+/// Held writes as (entry, variable, value), and the map writes' user keys.
+fn held_writes(
+    writes: &[(u32, u32, &str)],
+    user_keys: &[&str],
+) -> crate::bindings::statebox::processor::keys::HeldWrites {
+    crate::bindings::statebox::processor::keys::HeldWrites {
+        entries: writes.iter().map(|w| w.0).collect(),
+        variables: writes.iter().map(|w| w.1).collect(),
+        values: writes.iter().map(|w| w.2.to_owned()).collect(),
+        user_keys: user_keys.iter().map(|&k| k.to_owned()).collect(),
+    }
+}
+
 /// Held writes numbered 2^32 - 1 and 2^32 - 2 register and delete timers of their entries'
 /// keys, in order with the other writes; a time that is no integer, or timers in time mode
 /// none, are refused at the write.
 #[test]
 fn held_timer_writes_register_and_delete_their_entries_timers() {
-    use crate::bindings::statebox::processor::keys::HeldWrites;
+    use super::keys::HeldTimer;
 
-    const REGISTER: u32 = u32::MAX;
-    const DELETE: u32 = u32::MAX - 1;
-    let writes = |writes: &[(u32, u32, &str)]| HeldWrites {
-        entries: writes.iter().map(|w| w.0).collect(),
-        variables: writes.iter().map(|w| w.1).collect(),
-        values: writes.iter().map(|w| w.2.to_owned()).collect(),
-        user_keys: Vec::new(),
-    };
+    const REGISTER: u32 = HeldTimer::REGISTER;
+    const DELETE: u32 = HeldTimer::DELETE;
+    let writes = |writes: &[(u32, u32, &str)]| held_writes(writes, &[]);
     let mut h = host(TimeMode::ProcessingTime);
     let d = declare(&mut h);
     let _cp = lend(&mut h);
