@@ -524,12 +524,17 @@ fn reads_merge_uncommitted_changes_with_committed_state() {
     assert_eq!(r[4], ok(json!([9])));
 }
 
+/// One of the few keys the random operations run on.
+fn random_key(rng: &mut Rng) -> &'static str {
+    const KEYS: [&str; 5] = ["a", "b", "c", "d", "e"];
+    KEYS[rng.below(KEYS.len() as u64) as usize]
+}
+
 /// A random operation of the state-ops guest whose writes the host accepts (held writes that
 /// fail would fail the batch instead of reporting the error), on one of a few keys.
 fn random_op(rng: &mut Rng) -> Value {
-    const KEYS: [&str; 5] = ["a", "b", "c", "d", "e"];
     const USER_KEYS: [&str; 4] = ["p", "q", "r", "s"];
-    let k = KEYS[rng.below(KEYS.len() as u64) as usize];
+    let k = random_key(rng);
     let v = rng.below(100) as i64;
     let mk = USER_KEYS[rng.below(USER_KEYS.len() as u64) as usize];
     let vs: Vec<i64> = (0..rng.below(3)).map(|i| v + i as i64).collect();
@@ -642,9 +647,8 @@ fn held_timers_give_the_results_of_timers_set_one_by_one() {
 /// A random timer operation of the state-ops guest, at one of four times in 2096 (which no
 /// batch reaches), on one of a few keys.
 fn random_timer_op(rng: &mut Rng) -> Value {
-    const KEYS: [&str; 5] = ["a", "b", "c", "d", "e"];
     const LATER: i64 = 4_000_000_000_000;
-    let k = KEYS[rng.below(KEYS.len() as u64) as usize];
+    let k = random_key(rng);
     let at = LATER + rng.below(4) as i64;
     match rng.below(5) {
         0..=1 => op(k, "timer-register", json!({ "v": at })),
