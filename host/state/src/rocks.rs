@@ -3,7 +3,7 @@
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use rocksdb::perf::{PerfStatsLevel, set_perf_stats};
 use rocksdb::{
@@ -152,7 +152,6 @@ impl RocksEngine {
         opts.set_max_write_buffer_number(i32::try_from(memory.write_buffers).unwrap_or(i32::MAX));
         opts.set_bytes_per_sync(1 << 20);
         opts.set_keep_log_file_num(4);
-        opts.set_env(&compactions_behind_workers().map_err(|e| open_error(path, e))?);
 
         // The default column family is named so that batched reads (`get_many`) have its
         // handle; the database is the same as one opened without naming it.
@@ -166,6 +165,8 @@ impl RocksEngine {
             DB::open_cf_descriptors(&opts, path, cfs)
         }
         .map_err(|e| open_error(path, e))?;
+        // The open may have started the compaction pool's threads.
+        compactions_behind_workers();
         if !read_only {
             ingest::remove_leftovers(path)
                 .map_err(|e| StoreError::Storage(format!("opening {}: {e}", path.display())))?;
@@ -292,23 +293,51 @@ fn shared_cache(read_only: bool, capacity: usize) -> Result<Cache> {
 /// The writable and the read-only databases' block caches, made by the first open of each.
 static CACHES: std::sync::Mutex<[Option<Cache>; 2]> = std::sync::Mutex::new([None, None]);
 
-/// RocksDB's default environment (one per process, shared by every database opened here),
-/// with the threads of its compaction pool at the lowest CPU priority (nice 19); flushes run
-/// in the other pool and keep theirs. On 2 cores a compaction taking a core from the
-/// partitions' workers made its batch the slowest (README, "Compactions behind the workers");
-/// at nice 19 it runs in the CPU time the workers leave, as during the commit's single thread.
-/// A compaction starved for long lets level-0 files pile up until RocksDB slows the writes,
-/// which frees the CPU it needs.
+/// Puts RocksDB's compaction threads in Linux's `SCHED_IDLE` class, so that they run in the
+/// CPU time the partitions' workers leave (the commit's single thread, the output write).
+/// RocksDB's environment, and so its compaction pool, is the process's: every database
+/// opened here shares the pool's threads, which the first open that needs them starts (each
+/// open calls this; a thread already idle is set again).
 ///
-/// Made by the first open and cloned for the later ones: the priority is the process's.
-fn compactions_behind_workers() -> std::result::Result<rocksdb::Env, rocksdb::Error> {
-    static ENV: OnceLock<rocksdb::Env> = OnceLock::new();
-    if let Some(env) = ENV.get() {
-        return Ok(env.clone());
+/// RocksDB's own setting (`lower_thread_pool_cpu_priority`) stops at nice 19, which still
+/// counts as a busy core when the kernel places a thread that wakes or starts: in a trace of
+/// `bench ttl`, a batch's two workers started while a compaction ran at nice 19 shared one
+/// core for about 100 ms while the compaction had the other (README, "Compactions in
+/// SCHED_IDLE"). A core that runs only `SCHED_IDLE` threads counts as idle there, and such
+/// a thread has a fifth of a nice-19 thread's share of a contended core. That shortens the
+/// workers' waits without ending them (a started thread can still share its starter's core
+/// until the load balancer moves it): in one 40-batch run of `bench ttl` they waited 1.53 s
+/// for a core in all, against 1.79 s with compactions at nice 19. Not setting
+/// RocksDB's priority matters too: a pool thread applies it at its next job, and that would
+/// put the thread back in the normal class.
+///
+/// A compaction starved for long lets level-0 files pile up until RocksDB slows the writes,
+/// which frees the CPU it needs. Flushes run in the other pool and keep the process's
+/// priority. A thread whose class cannot be set keeps the normal one, with a debug log.
+fn compactions_behind_workers() {
+    #[cfg(target_os = "linux")]
+    {
+        let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+            return;
+        };
+        for task in tasks.flatten() {
+            // A thread that ended while this ran has no `comm` left to read.
+            let comm = std::fs::read(task.path().join("comm")).unwrap_or_default();
+            if comm.trim_ascii_end() != b"rocksdb:low" {
+                continue;
+            }
+            let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
+                continue;
+            };
+            let param = libc::sched_param { sched_priority: 0 };
+            // SAFETY: `param` is a valid `sched_param` for the call's duration; `tid` is a
+            // thread of this process, and a lower class needs no privilege.
+            if unsafe { libc::sched_setscheduler(tid, libc::SCHED_IDLE, &param) } != 0 {
+                let error = std::io::Error::last_os_error();
+                tracing::debug!(tid, "cannot put a compaction thread in SCHED_IDLE: {error}");
+            }
+        }
     }
-    let mut env = rocksdb::Env::new()?;
-    env.lower_thread_pool_cpu_priority();
-    Ok(ENV.get_or_init(|| env).clone())
 }
 
 thread_local! {
@@ -758,16 +787,17 @@ pub(crate) mod tests {
         batches * 1000 * 1024
     }
 
-    /// The nice value in a `/proc/…/stat` text (its 19th field).
-    fn nice_in(stat: &str) -> i64 {
+    /// A thread's scheduling class and nice value, from its `/proc/…/stat` text (the 41st
+    /// and 19th fields).
+    fn class_and_nice(stat: &str) -> (i32, i64) {
         // The fields after the command, which is in parentheses and may hold spaces.
         let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
-        fields[16].parse().unwrap()
+        (fields[38].parse().unwrap(), fields[16].parse().unwrap())
     }
 
-    /// The nice value of each of this process's threads named `name`.
-    fn nice_of_threads(name: &str) -> Vec<i64> {
-        let mut nice = Vec::new();
+    /// The scheduling class and nice value of each of this process's threads named `name`.
+    fn threads_named(name: &str) -> Vec<(i32, i64)> {
+        let mut found = Vec::new();
         for task in std::fs::read_dir("/proc/self/task").unwrap() {
             let dir = task.unwrap().path();
             let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
@@ -777,42 +807,43 @@ pub(crate) mod tests {
                 continue;
             };
             if comm.trim_end() == name {
-                nice.push(nice_in(&stat));
+                found.push(class_and_nice(&stat));
             }
         }
-        nice
+        found
     }
 
-    /// A compaction runs at nice 19, a flush at the priority of the thread that opened the
-    /// database (below 19 unless the test itself runs at 19).
+    /// Compaction threads are in `SCHED_IDLE` once a database is open, and stay there
+    /// after running a compaction; flush threads keep the class and nice value of the
+    /// thread that opened the database.
     #[test]
     fn compactions_run_behind_the_workers() {
         let dir = tempfile::tempdir().unwrap();
         let engine = RocksEngine::open(dir.path()).unwrap();
+        let idle = |threads: &[(i32, i64)]| {
+            !threads.is_empty() && threads.iter().all(|&(class, _)| class == libc::SCHED_IDLE)
+        };
+        let low = threads_named("rocksdb:low");
+        assert!(
+            idle(&low),
+            "compaction threads before a compaction: {low:?}"
+        );
+
         // Two level-0 files (each flush is a job of the flush pool), compacted into one by
-        // a manual compaction, which runs in the compaction pool.
+        // a manual compaction, which runs in the compaction pool. (RocksDB's own priority
+        // setting would take effect here: a pool's thread applies it at its next job.)
         for _ in 0..2 {
             fill(&engine, 1 << 20);
             engine.db.flush().unwrap();
         }
         engine.db.compact_range(None::<&[u8]>, None::<&[u8]>);
-        let low = nice_of_threads("rocksdb:low");
-        let high = nice_of_threads("rocksdb:high");
+        let low = threads_named("rocksdb:low");
+        assert!(idle(&low), "compaction threads after a compaction: {low:?}");
+        let own = class_and_nice(&std::fs::read_to_string("/proc/thread-self/stat").unwrap());
+        let high = threads_named("rocksdb:high");
         assert!(
-            !low.is_empty() && !high.is_empty(),
-            "low {low:?}, high {high:?}"
-        );
-        // A pool's thread takes the pool's priority when it starts its next job: the one
-        // that ran the compaction is at 19; flush threads keep the nice value they were
-        // started with, this thread's.
-        let own = nice_in(&std::fs::read_to_string("/proc/thread-self/stat").unwrap());
-        assert!(
-            low.contains(&19),
-            "compaction threads' nice values: {low:?}"
-        );
-        assert!(
-            high.iter().all(|&n| n == own),
-            "flush threads' nice values: {high:?}, this thread's {own}"
+            !high.is_empty() && high.iter().all(|&t| t == own),
+            "flush threads: {high:?}, this thread: {own:?}"
         );
     }
 
