@@ -132,6 +132,9 @@ class FakeHost:
         # Variables by number, and the number of writes in each `apply-writes` call.
         self.numbered = {}
         self.applied = []
+        # Timers by key, and the timer calls made directly (not held), by name.
+        self.timers = {}
+        self.timer_calls = []
         self.query = QueryInfo("0f6a3c52-6a43-4a8e-9c4e-0d4b1b8e2f11", "run-1", 0)
 
     def begin_batch(self, keys):
@@ -147,22 +150,43 @@ class FakeHost:
         self.current = self.entries[index]
 
     def apply_writes(self, writes):
-        """Applies held value updates in order; refuses a negative count, as a host refuses
-        a value its schema does not allow."""
+        """Applies held value updates and timer registrations and deletions (variables
+        2^32 - 1 and 2^32 - 2, the time as a JSON integer) in order; refuses a negative
+        count, as a host refuses a value its schema does not allow."""
         self.applied.append(len(writes.values))
         for position, (entry, number, text) in enumerate(
             zip(writes.entries, writes.variables, writes.values)
         ):
+            if number in (TIMER_REGISTER, TIMER_DELETE):
+                timers = self.timers.setdefault(self.entries[entry], set())
+                (timers.add if number == TIMER_REGISTER else timers.discard)(int(text))
+                continue
             if '"count":-' in text:
                 error = StateError(ErrorKind.SCHEMA_MISMATCH, f"refused {text}")
                 raise Err(WriteFailure(position, error))
             self.values[(self.numbered[number], self.entries[entry])] = text
+
+    def register_timer(self, at):
+        self.timer_calls.append("register")
+        self.timers.setdefault(self.key(), set()).add(at)
+
+    def delete_timer(self, at):
+        self.timer_calls.append("delete")
+        self.timers.setdefault(self.key(), set()).discard(at)
+
+    def list_timers(self):
+        self.timer_calls.append("list")
+        return sorted(self.timers.get(self.key(), ()))
 
     def key(self):
         if self.current is None:
             raise Err(StateError(ErrorKind.WRONG_PHASE, "no key selected"))
         return self.current
 
+
+# The variable numbers of held timer registrations and deletions (`wit/batch.wit`).
+TIMER_REGISTER = (1 << 32) - 1
+TIMER_DELETE = (1 << 32) - 2
 
 HOST = FakeHost()
 
@@ -241,9 +265,9 @@ def install():
     handle.get_list_state = _unsupported
     handle.get_map_state = _unsupported
     handle.delete_if_exists = lambda name: None
-    handle.register_timer = _unsupported
-    handle.delete_timer = _unsupported
-    handle.list_timers = _unsupported
+    handle.register_timer = HOST.register_timer
+    handle.delete_timer = HOST.delete_timer
+    handle.list_timers = HOST.list_timers
     handle.get_query_info = lambda: HOST.query
 
     log = types.ModuleType("wit_world.imports.log")

@@ -480,7 +480,7 @@ class BatchExportTest(unittest.TestCase):
         fake_host.HOST.reset()
         self.host = fake_host.HOST
 
-    def export(self, source):
+    def export(self, source, time_mode=fake_host.TimeMode.NONE):
         BatchExportTest.loaded += 1
         tmp = tempfile.NamedTemporaryFile("w", suffix=".py", delete=False)
         self.addCleanup(Path(tmp.name).unlink)
@@ -489,7 +489,7 @@ class BatchExportTest(unittest.TestCase):
         processor, batch = _component.export(
             tmp.name, tmp.name, f"batch_test_{BatchExportTest.loaded}"
         )
-        processor().init(fake_host.TimeMode.NONE)
+        processor().init(time_mode)
         return tmp.name, processor, batch()
 
     def batch(self, batch, groups, batch_id=1):
@@ -628,6 +628,69 @@ class Counter(StatefulProcessor):
         out = self.batch(batch, [("c", [add(1), read]), ("b", [read])], batch_id=2)
         self.assertEqual(out, [[{"key": "c", "count": 8}], [{"key": "b", "count": 5}]])
         self.assertEqual(self.host.applied, [1])
+
+    _HELD_TIMERS = """
+from pyspark.sql import Row
+from pyspark.sql.streaming import StatefulProcessor
+OUTPUT_SCHEMA = "key string, timers string"
+
+class Timers(StatefulProcessor):
+    HOLD_WRITES = True
+
+    def init(self, handle):
+        self.handle = handle
+
+    def handleInputRows(self, key, rows, timerValues):
+        for row in rows:
+            if row.op == "register":
+                self.handle.registerTimer(row.at)
+            elif row.op == "delete":
+                self.handle.deleteTimer(row.at)
+            else:
+                yield Row(key=key[0], timers=str(list(self.handle.listTimers())))
+"""
+
+    def test_held_timers_go_with_the_writes_and_a_listing_sees_the_keys_own(self):
+        _, _, batch = self.export(self._HELD_TIMERS, fake_host.TimeMode.PROCESSING_TIME)
+        register = lambda at: {"op": "register", "at": at}  # noqa: E731
+        delete = lambda at: {"op": "delete", "at": at}  # noqa: E731
+        listing = {"op": "list"}
+        out = self.batch(
+            batch,
+            [
+                ("a", [register(30), register(10), delete(30), listing]),
+                ("b", [register(20), register(5)]),
+                ("c", [register(7), delete(7), register(8)]),
+            ],
+        )
+        self.assertEqual(out, [[{"key": "a", "timers": "[10]"}], [], []])
+        # a's listing sent a's three operations first; b's and c's went together at the
+        # end, each to its own key. No timer call crossed on its own but a's listing.
+        self.assertEqual(self.host.applied, [3, 5])
+        self.assertEqual(self.host.timer_calls, ["list"])
+        self.assertEqual(self.host.timers, {"a": {10}, "b": {5, 20}, "c": {8}})
+
+        # Another key's held timers are not sent for a listing: b lists what it had.
+        self.host.applied, self.host.timer_calls = [], []
+        out = self.batch(batch, [("c", [delete(8)]), ("b", [listing])], batch_id=2)
+        self.assertEqual(out, [[], [{"key": "b", "timers": "[5, 20]"}]])
+        self.assertEqual(self.host.applied, [1])
+        self.assertEqual(self.host.timers["c"], set())
+
+        # A time the host would not take (not an int, or past 64 bits) goes to the host
+        # directly, after the key's held timers, so the host refuses it where it was made.
+        self.host.applied, self.host.timer_calls = [], []
+        self.batch(batch, [("d", [register(3), register(1 << 63), register(True)])], batch_id=3)
+        self.assertEqual(self.host.applied, [1])
+        self.assertEqual(self.host.timer_calls, ["register", "register"])
+
+        # In time mode none timers are not held: the host's refusal (here: the fake's
+        # acceptance) comes from the call.
+        _, _, batch = self.export(self._HELD_TIMERS)
+        self.host.applied, self.host.timer_calls = [], []
+        self.batch(batch, [("e", [register(4), delete(4)])])
+        self.assertEqual(self.host.applied, [])
+        self.assertEqual(self.host.timer_calls, ["register", "delete"])
 
     def test_a_refused_held_write_fails_the_batch_naming_its_own_key(self):
         _, _, batch = self.export(self._HELD)

@@ -222,17 +222,27 @@ def _make_loads(data_type, _loads=_codec.loads, _scan=_codec.scan):
     return loads_converted
 
 
+# The variable numbers of a held timer registration and deletion for the write's key
+# (`wit/batch.wit`, `keys.apply-writes`): no state variable has them. The value is the time,
+# as a JSON integer.
+_TIMER_REGISTER = (1 << 32) - 1
+_TIMER_DELETE = (1 << 32) - 2
+_TIMER_NUMBERS = (_TIMER_REGISTER, _TIMER_DELETE)
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+
+
 class _Held:
     """Writes held back and sent to the host together, for a processor that sets
     ``HOLD_WRITES = True`` (see the Rust SDK's ``held.rs``, which this follows).
 
-    In a batched call, ``ValueState.update``, ``ListState.appendValue`` and
-    ``MapState.updateValue`` append their write to the columns here instead of crossing into
+    In a batched call, ``ValueState.update``, ``ListState.appendValue``,
+    ``MapState.updateValue`` and the handle's ``registerTimer`` and ``deleteTimer`` (in a
+    time mode with timers) append their write to the columns here instead of crossing into
     the host, and the columns go in one ``keys.apply-writes`` call: when the batched call
     ends, once ``MAX_WRITES`` writes or ``MAX_BYTES`` characters are held, and before any
-    other operation on a variable the current key wrote, so a read sees every earlier
-    write. A write the host refuses raises at the operation that sent it and fails the
-    batched call, named by the key it was made for."""
+    other operation on a variable (for timers: on the timers) the current key wrote, so a
+    read sees every earlier write. A write the host refuses raises at the operation that
+    sent it and fails the batched call, named by the key it was made for."""
 
     MAX_WRITES = 4096
     MAX_BYTES = 1 << 20
@@ -711,8 +721,33 @@ class StatefulProcessorHandle:
         except HostError as e:
             raise _lift(e) from None
 
+    def _holds_timer(self, expiryTimestampMs):
+        """Whether a timer operation at ``expiryTimestampMs`` is held: in a batched call of a
+        processor that holds its writes, in a time mode with timers, at a time the host
+        takes (an ``int`` in 64 bits; another goes to the host, which refuses it as it
+        would unheld)."""
+        held = self._held
+        return (
+            held is not None
+            and held.on
+            and self._time_mode != "none"
+            and type(expiryTimestampMs) is int
+            and _I64_MIN <= expiryTimestampMs <= _I64_MAX
+        )
+
+    def _sync_timers(self):
+        """Sends the held writes if the current key registered or deleted a timer since they
+        were last sent: called before any timer operation that is not held."""
+        held = self._held
+        if held is not None and not held.dirty.isdisjoint(_TIMER_NUMBERS):
+            held.send()
+
     def registerTimer(self, expiryTimestampMs):
         """Registers a timer for the current key; registering an existing one is a no-op."""
+        if self._holds_timer(expiryTimestampMs):
+            self._held.hold(_TIMER_REGISTER, str(expiryTimestampMs))
+            return
+        self._sync_timers()
         try:
             self._host.register_timer(expiryTimestampMs)
         except HostError as e:
@@ -720,6 +755,10 @@ class StatefulProcessorHandle:
 
     def deleteTimer(self, expiryTimestampMs):
         """Deletes the current key's timer; deleting a missing one is a no-op."""
+        if self._holds_timer(expiryTimestampMs):
+            self._held.hold(_TIMER_DELETE, str(expiryTimestampMs))
+            return
+        self._sync_timers()
         try:
             self._host.delete_timer(expiryTimestampMs)
         except HostError as e:
@@ -727,6 +766,7 @@ class StatefulProcessorHandle:
 
     def listTimers(self):
         """Iterates the current key's registered timers, ascending."""
+        self._sync_timers()
         try:
             return iter(self._host.list_timers())
         except HostError as e:

@@ -43,6 +43,8 @@ class Ops(StatefulProcessor):
                 self.bare.update(["a", row.name])
             elif row.op == "timer":
                 self.handle.registerTimer(row.n)
+            elif row.op == "untimer":
+                self.handle.deleteTimer(row.n)
             elif row.op == "clear":
                 self.items.clear()
                 self.map.clear()
