@@ -670,12 +670,15 @@ class Timers(StatefulProcessor):
         self.assertEqual(self.host.timer_calls, ["list"])
         self.assertEqual(self.host.timers, {"a": {10}, "b": {5, 20}, "c": {8}})
 
-        # Another key's held timers are not sent for a listing: b lists what it had.
+        # Another key's held timers are not sent for a listing: c's deletion went at the
+        # end, with b's registration after its listing.
         self.host.applied, self.host.timer_calls = [], []
-        out = self.batch(batch, [("c", [delete(8)]), ("b", [listing])], batch_id=2)
+        out = self.batch(
+            batch, [("c", [delete(8)]), ("b", [listing, register(40)])], batch_id=2
+        )
         self.assertEqual(out, [[], [{"key": "b", "timers": "[5, 20]"}]])
-        self.assertEqual(self.host.applied, [1])
-        self.assertEqual(self.host.timers["c"], set())
+        self.assertEqual(self.host.applied, [2])
+        self.assertEqual(self.host.timers, {"a": {10}, "b": {5, 20, 40}, "c": set()})
 
         # A time the host would not take (not an int, or past 64 bits) goes to the host
         # directly, after the key's held timers, so the host refuses it where it was made.
