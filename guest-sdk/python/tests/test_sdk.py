@@ -681,10 +681,12 @@ class Timers(StatefulProcessor):
         self.assertEqual(self.host.timers, {"a": {10}, "b": {5, 20, 40}, "c": set()})
 
         # A time the host would not take (not an int, or past 64 bits) goes to the host
-        # directly, after the key's held timers, so the host refuses it where it was made.
+        # directly, after the key's held timers, so the host refuses it where it was made:
+        # 3 was sent before the first direct call, 9 at the end.
         self.host.applied, self.host.timer_calls = [], []
-        self.batch(batch, [("d", [register(3), register(1 << 63), register(True)])], batch_id=3)
-        self.assertEqual(self.host.applied, [1])
+        ops = [register(3), register(1 << 63), register(True), register(9)]
+        self.batch(batch, [("d", ops)], batch_id=3)
+        self.assertEqual(self.host.applied, [1, 1])
         self.assertEqual(self.host.timer_calls, ["register", "register"])
 
         # In time mode none timers are not held: the host's refusal (here: the fake's
