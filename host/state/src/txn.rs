@@ -39,7 +39,7 @@ use crate::changelog;
 use crate::engine::{KvEngine, PREFETCH_AHEAD, ScanFn, WriteOp, prefetch, prefetch_value};
 use crate::keys::{self, check_key};
 use crate::marks::Marks;
-use crate::overlay::{Base, Coll, PrefixMap, Slot, SmallBytes};
+use crate::overlay::{Base, Coll, PrefixMap, Slot, SmallBytes, sort_by_bytes};
 use crate::value::Header;
 use crate::{Partition, Result, StoreError, StoredValue, VarId};
 
@@ -779,9 +779,9 @@ impl PartitionTxn {
                 self.new_timers_from()
             };
             let (ops, fresh) = overlay.into_ops(new_timers_from);
-            let mut reads = std::mem::take(&mut self.reads.get_mut().kept);
+            let reads = sort_by_bytes(std::mem::take(&mut self.reads.get_mut().kept), |(k, _)| k);
             let ahead = self.ahead.get_mut();
-            let known = known_befores(&ops, &fresh, &mut reads, ahead);
+            let known = known_befores(&ops, &fresh, &reads, ahead);
             let op_bytes: usize = ops
                 .iter()
                 .map(|op| match op {
@@ -1249,18 +1249,16 @@ const LOG_ENTRY_OVERHEAD: usize = 14;
 /// `fresh` had no committed value, those on a key the batch read from the engine had what
 /// `reads` holds for it, and those on a key read ahead had what `ahead` holds (read ahead,
 /// a key's reads are not kept: past [`READS_LIMIT`], as state outgrows the cache, they
-/// would be read again here, from disk). `reads` is sorted here. A key the batch read and
+/// would be read again here, from disk); `reads` is sorted by key. A key the batch read and
 /// then wrote was read before its first write (the overlay answers every later read), and
 /// nothing commits while a batch runs, so both hold what the batch started from; an
 /// operation left out is simply read at the seal.
 fn known_befores<'a>(
     ops: &[WriteOp],
     fresh: &[usize],
-    reads: &'a mut [(SmallBytes, Option<SmallBytes>)],
+    reads: &'a [(SmallBytes, Option<SmallBytes>)],
     ahead: &'a Ahead,
 ) -> Vec<(usize, Option<&'a [u8]>)> {
-    reads.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    let reads: &'a [(SmallBytes, Option<SmallBytes>)] = reads;
     let mut known = Vec::with_capacity(fresh.len() + reads.len());
     let mut fresh = fresh.iter().copied().peekable();
     let mut next_read = 0;
