@@ -308,6 +308,227 @@ fn validate_scalars() {
 }
 
 #[test]
+fn plain_integers_skip_the_parser_only_where_it_would_accept_them() {
+    use crate::value::{plain_integer_fits, run};
+    let texts = [
+        "0",
+        "5",
+        "-5",
+        "42",
+        "-0",
+        "05",
+        "-05",
+        "+5",
+        " 5",
+        "5 ",
+        "",
+        "-",
+        "--5",
+        "5-",
+        "1e3",
+        "1.0",
+        "5a",
+        "0x10",
+        "\"5\"",
+        "null",
+        "2147483647",
+        "2147483648",
+        "-2147483648",
+        "-2147483649",
+        "123456789012345678",
+        "-123456789012345678",
+        "999999999999999999",
+        "1234567890123456789",
+        "9223372036854775807",
+        "-9223372036854775808",
+        "9223372036854775808",
+        "\u{0660}",
+    ];
+    for ddl in [
+        "int",
+        "long",
+        "timestamp",
+        "double",
+        "float",
+        "string",
+        "boolean",
+    ] {
+        let s = schema(ddl);
+        for text in texts {
+            let full = run(s.root(), text, Strictness::Strict, None);
+            if plain_integer_fits(s.root(), text.as_bytes()) {
+                assert!(
+                    full.is_ok(),
+                    "{ddl} / {text:?}: fast path accepts, full pass: {full:?}"
+                );
+            }
+            assert_eq!(
+                s.validate(text, Strictness::Strict),
+                full,
+                "{ddl} / {text:?}"
+            );
+        }
+    }
+    // It does take the writes it is for: integers within 18 digits, within the type's range.
+    let (int, long) = (schema("int"), schema("long"));
+    for text in ["0", "5", "-5", "2147483647", "-2147483648"] {
+        assert!(
+            plain_integer_fits(int.root(), text.as_bytes()),
+            "int / {text}"
+        );
+    }
+    for text in ["7", "-123456789012345678", "999999999999999999"] {
+        assert!(
+            plain_integer_fits(long.root(), text.as_bytes()),
+            "long / {text}"
+        );
+    }
+    for text in ["2147483648", "-2147483649", "-0", "05", "5 "] {
+        assert!(
+            !plain_integer_fits(int.root(), text.as_bytes()),
+            "int / {text}"
+        );
+    }
+    assert!(!plain_integer_fits(schema("double").root(), b"5"));
+}
+
+#[test]
+fn plain_objects_skip_the_parser_only_where_it_would_accept_them() {
+    use crate::value::{plain_fits, run};
+    let schemas = [
+        "key string, count long",
+        "count long",
+        "a int NOT NULL, b boolean, c string NOT NULL, d timestamp",
+        "x double, y string, z long NOT NULL",
+        "d date, b binary, s string",
+        "m map<string, long>, n long",
+    ];
+    let names = [
+        "key",
+        "count",
+        "a",
+        "b",
+        "c",
+        "d",
+        "x",
+        "y",
+        "z",
+        "s",
+        "m",
+        "n",
+        "zz",
+        r"k\u0065y",
+        "Count",
+        "",
+    ];
+    let values = [
+        "5",
+        "-7",
+        "0",
+        "-0",
+        "05",
+        "2147483648",
+        "-2147483649",
+        "9223372036854775807",
+        "99999999999999999999",
+        "1.5",
+        "1e3",
+        r#""s""#,
+        r#""a\"b""#,
+        "\"tab\there\"",
+        r#""é""#,
+        r#""""#,
+        "true",
+        "false",
+        "null",
+        "{}",
+        "[1,2]",
+        r#"{"n":1}"#,
+        r#""2024-01-01""#,
+        r#""aGVsbG8=""#,
+        r#""5""#,
+        "tru",
+        "nul",
+        r#""bad\x""#,
+        r#""a\\""#,
+    ];
+    let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = |n: usize| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng % n as u64) as usize
+    };
+    let mut fast = 0;
+    for round in 0..30_000 {
+        let ddl = schemas[round % schemas.len()];
+        let s = schema(ddl);
+        let members = next(5);
+        let mut text = String::from(["{", "{", "{", "{", " {", "["][next(6)]);
+        for m in 0..members {
+            if m > 0 {
+                text.push_str([",", ",", ",", ",", ",", ", ", " ,", ",,"][next(8)]);
+            }
+            // Mostly the schema's own names with values of their types, so that many texts
+            // are valid objects.
+            let fields = &s.as_struct().expect("a struct").fields;
+            let field = (next(4) > 0).then(|| &fields[next(fields.len())]);
+            let name = field.map_or(names[next(names.len())], |f| f.name.as_str());
+            let colon = [":", ":", ":", ":", " :", ": "][next(6)];
+            text.push_str(&format!("\"{name}\"{colon}"));
+            let typed = match field.map(|f| &f.data_type) {
+                Some(DataType::String) => [r#""s""#, r#""é""#, r#""""#][next(3)],
+                Some(DataType::Int | DataType::Long | DataType::Timestamp) => {
+                    ["5", "-7", "0", "2147483648"][next(4)]
+                }
+                Some(DataType::Boolean) => ["true", "false"][next(2)],
+                _ => "null",
+            };
+            text.push_str(if next(3) > 0 {
+                typed
+            } else {
+                values[next(values.len())]
+            });
+        }
+        text.push_str(["}", "}", "}", "}", "} ", "}}", ""][next(7)]);
+        let full = run(s.root(), &text, Strictness::Strict, None);
+        if plain_fits(s.root(), &text) {
+            fast += 1;
+            assert!(
+                full.is_ok(),
+                "{ddl} / {text}: fast path accepts, full pass: {full:?}"
+            );
+        }
+        assert_eq!(
+            s.validate(&text, Strictness::Strict),
+            full,
+            "{ddl} / {text}"
+        );
+    }
+    assert!(fast > 500, "only {fast} texts took the fast path");
+    // The rows and values it is for.
+    for (ddl, text) in [
+        ("key string, count long", r#"{"key":"k123","count":5}"#),
+        ("key string, count long", r#"{"count":-5,"key":"é"}"#),
+        ("key string, count long", r#"{"key":null}"#),
+        ("count long", r#"{"count":7}"#),
+        ("a int NOT NULL, b boolean", r#"{"b":true,"a":2147483647}"#),
+    ] {
+        assert!(plain_fits(schema(ddl).root(), text), "{ddl} / {text}");
+    }
+    for (ddl, text) in [
+        ("key string, count long", r#"{"key":"k","key":"k"}"#),
+        ("a int NOT NULL, b boolean", r#"{"b":true}"#),
+        ("a int NOT NULL", r#"{"a":null}"#),
+        ("count long", r#"{"count":7,"other":1}"#),
+        ("count long", r#"{"count":7} "#),
+        ("count long", r#"{"count":"7"}"#),
+    ] {
+        assert!(!plain_fits(schema(ddl).root(), text), "{ddl} / {text}");
+    }
+}
+
+#[test]
 fn validate_scalar_rejections() {
     let cases = [
         (

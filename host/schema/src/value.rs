@@ -67,6 +67,9 @@ impl Schema {
     /// Map values are not checked for duplicate keys here (that would mean remembering
     /// every key); [`Schema::canonicalize`] rejects them.
     pub fn validate(&self, json: &str, mode: Strictness) -> Result<(), ValueError> {
+        if plain_fits(self.root(), json) {
+            return Ok(());
+        }
         run(self.root(), json, mode, None)
     }
 
@@ -83,6 +86,127 @@ impl Schema {
     pub fn canonicalize(&self, json: &str) -> Result<String, ValueError> {
         canonicalize_with(self.root(), json, Strictness::Strict)
     }
+}
+
+/// Whether `json` is, in its plainest form, a value of type `ty` that the full pass ([`run`])
+/// accepts: an integer (see [`plain_integer_fits`]), or an object of a struct's fields with
+/// flat values (see [`plain_struct_fits`]). Every state write and every emitted row is
+/// validated, mostly such texts, for which the full pass costs several hundred instructions
+/// to over a thousand (README, "Plain values validated without a parser"). A text this does
+/// not take goes to the full pass, which gives the verdict and the error: this never rejects.
+pub(crate) fn plain_fits(ty: &DataType, json: &str) -> bool {
+    match ty {
+        DataType::Struct(st) => plain_struct_fits(st, json.as_bytes()),
+        _ => plain_integer_fits(ty, json.as_bytes()),
+    }
+}
+
+/// Whether `json` is an object of `st`'s fields, as compact JSON (no whitespace), each field
+/// at most once and every NOT NULL field present, whose values are integers of integer
+/// fields ([`plain_integer_fits`]), strings without escapes of string fields, `true` or
+/// `false` of boolean fields, or `null` of nullable fields; member names without escapes.
+fn plain_struct_fits(st: &StructType, json: &[u8]) -> bool {
+    let fields = &st.fields;
+    if fields.is_empty() || fields.len() > 64 {
+        return false;
+    }
+    let mut seen = 0u64;
+    let Some(mut rest) = json.strip_prefix(b"{") else {
+        return false;
+    };
+    let mut hint = 0;
+    loop {
+        let Some((name, after)) = plain_string(rest) else {
+            return false;
+        };
+        let named = |i: usize| fields[i].name.as_bytes() == name;
+        let Some(i) = (hint < fields.len() && named(hint))
+            .then_some(hint)
+            .or_else(|| (0..fields.len()).find(|&i| named(i)))
+        else {
+            return false;
+        };
+        if seen & (1 << i) != 0 {
+            return false;
+        }
+        seen |= 1 << i;
+        hint = i + 1;
+        let Some(value) = after.strip_prefix(b":") else {
+            return false;
+        };
+        let field = &fields[i];
+        let end = match value.first() {
+            Some(b'"') if matches!(field.data_type, DataType::String) => {
+                match plain_string(value) {
+                    Some((_, after)) => value.len() - after.len(),
+                    None => return false,
+                }
+            }
+            _ => {
+                let end = value
+                    .iter()
+                    .position(|&b| b == b',' || b == b'}')
+                    .unwrap_or(value.len());
+                let token = &value[..end];
+                let fits = match (token, &field.data_type) {
+                    (b"null", _) => field.nullable,
+                    (b"true" | b"false", DataType::Boolean) => true,
+                    (_, DataType::Int | DataType::Long | DataType::Timestamp) => {
+                        plain_integer_fits(&field.data_type, token)
+                    }
+                    _ => false,
+                };
+                if !fits {
+                    return false;
+                }
+                end
+            }
+        };
+        match &value[end..] {
+            [b',', more @ ..] => rest = more,
+            [b'}'] => break,
+            _ => return false,
+        }
+    }
+    fields
+        .iter()
+        .enumerate()
+        .all(|(i, f)| f.nullable || seen & (1 << i) != 0)
+}
+
+/// A JSON string at the start of `bytes` with no escape and no control character: its
+/// contents and what follows its closing quote.
+fn plain_string(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
+    let body = bytes.strip_prefix(b"\"")?;
+    let close = body
+        .iter()
+        .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
+    (body[close] == b'"').then(|| (&body[..close], &body[close + 1..]))
+}
+
+/// Whether `json` is a plain integer literal that type `ty` (an integer type) holds: an
+/// optional `-`, then 1 to 18 digits without a leading zero (or `0` alone), and nothing else.
+pub(crate) fn plain_integer_fits(ty: &DataType, json: &[u8]) -> bool {
+    let (min, max) = match ty {
+        DataType::Int => (i64::from(i32::MIN), i64::from(i32::MAX)),
+        DataType::Long | DataType::Timestamp => (i64::MIN, i64::MAX),
+        _ => return false,
+    };
+    let (negative, digits) = match json {
+        [b'-', rest @ ..] => (true, rest),
+        all => (false, all),
+    };
+    // 18 digits stay below 2^63; `-0` is left to serde_json, which reads it as a float.
+    let plain = matches!(digits, [b'1'..=b'9', rest @ ..] if rest.len() < 18)
+        || (!negative && digits == b"0");
+    if !plain || !digits.iter().all(u8::is_ascii_digit) {
+        return false;
+    }
+    let magnitude = digits
+        .iter()
+        .fold(0i64, |n, &d| n * 10 + i64::from(d - b'0'));
+    let v = if negative { -magnitude } else { magnitude };
+    (min..=max).contains(&v)
 }
 
 pub(crate) fn canonicalize_with(
