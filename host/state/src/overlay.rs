@@ -755,7 +755,7 @@ mod tests {
     fn sort_by_bytes_orders_as_bytes_do() {
         // Keys that tie in their first 16 bytes and beyond (one shared prefix past the depth
         // where ties are compared whole), that end in zeros or are prefixes of others, empty,
-        // and short; with their positions as payload, so each item must move with its key.
+        // and short; each with a copy of itself as payload, which must move with the key.
         let mut keys: Vec<Vec<u8>> = vec![vec![], vec![0], vec![0, 0], vec![0xff; 3]];
         let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
         for shared in [
