@@ -451,6 +451,7 @@ fn plain_objects_skip_the_parser_only_where_it_would_accept_them() {
         "nul",
         r#""bad\x""#,
         r#""a\\""#,
+        r#""\ud800""#,
     ];
     let mut rng = 0x2545_f491_4f6c_dd1d_u64;
     let mut next = |n: usize| {
@@ -523,9 +524,18 @@ fn plain_objects_skip_the_parser_only_where_it_would_accept_them() {
         ("count long", r#"{"count":7,"other":1}"#),
         ("count long", r#"{"count":7} "#),
         ("count long", r#"{"count":"7"}"#),
+        ("key string, count long", "[]"),
     ] {
         assert!(!plain_fits(schema(ddl).root(), text), "{ddl} / {text}");
     }
+    // A member name is compared as written: with an escape, it is not the field's name.
+    let quoted = Schema::new(strukt(vec![field(r#"a\"b"#, DataType::Long)]));
+    assert!(!plain_fits(quoted.root(), r#"{"a\"b":1}"#));
+    assert!(
+        quoted
+            .validate(r#"{"a\"b":1}"#, Strictness::Strict)
+            .is_err()
+    );
 }
 
 #[test]
