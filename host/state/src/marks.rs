@@ -13,7 +13,7 @@
 //! it goes. Firing a million timers page by page (each page's deletes written before the
 //! next page is read) thus costs O(n log n), not a merge of everything per page.
 
-use crate::overlay::SmallBytes;
+use crate::overlay::{SmallBytes, sort_by_bytes};
 
 /// Writes the recent run takes before it is sorted into a run of its own.
 const RECENT_SETTLE: usize = 4096;
@@ -58,9 +58,8 @@ impl Marks {
         if self.recent.is_empty() {
             return;
         }
-        let mut run = std::mem::take(&mut self.recent);
         // Stable: of a key's writes, the last stays last.
-        run.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut run = sort_by_bytes(std::mem::take(&mut self.recent), |(k, _)| k);
         run.dedup_by(|later, kept| {
             let same = later.0 == kept.0;
             if same {

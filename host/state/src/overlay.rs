@@ -266,15 +266,16 @@ impl<V: Default> PrefixMap<V> {
     }
 }
 
-/// Sorts `items` ascending by the byte string `key` gives each, as `sort_unstable_by`
-/// comparing the keys would (equal keys end up side by side, in no particular order).
+/// Sorts `items` ascending by the byte string `key` gives each, stably: items with equal
+/// keys keep their order.
 ///
 /// An index sort: each key's first 16 bytes as two big-endian words beside its position
-/// (24 bytes an entry, compared as integers) are sorted, runs of entries that tie go on by
-/// their next 16 bytes, and the items are then moved into that order once. Sealing a batch
-/// sorts one entry per variable and grouping key written (~75k a partition in the counter
-/// workload), and sorting those in place moved ~70-byte entries at every swap and compared
-/// four words and the lengths each time (README, "Seal sorts by index").
+/// (24 bytes an entry) are sorted, by a radix sort over the bytes that differ when there
+/// are many ([`sort_words`]), runs of entries that tie go on by their next 16 bytes, and
+/// the items are then moved into that order once. Sealing a batch sorts one entry per
+/// variable and grouping key written (~75k a partition in the counter workload), and
+/// sorting those in place moved ~70-byte entries at every swap and compared four words and
+/// the lengths each time (README, "Seal sorts by index").
 pub(crate) fn sort_by_bytes<T>(mut items: Vec<T>, key: impl Fn(&T) -> &[u8]) -> Vec<T> {
     let Ok(len) = u32::try_from(items.len()) else {
         items.sort_unstable_by(|a, b| key(a).cmp(key(b)));
@@ -305,9 +306,9 @@ pub(crate) fn sort_by_bytes<T>(mut items: Vec<T>, key: impl Fn(&T) -> &[u8]) -> 
 /// their whole keys: a bound on the recursion for long keys that share long prefixes.
 const TIE_DEPTH_MAX: usize = 256;
 
-/// Sorts `order`, whose words hold the keys' bytes from `depth` on, by key.
+/// Sorts `order`, whose words hold the keys' bytes from `depth` on, by key, then position.
 fn sort_ties_from<'k>(order: &mut [(u64, u64, u32)], key: &impl Fn(u32) -> &'k [u8], depth: usize) {
-    order.sort_unstable_by_key(|&(hi, lo, _)| (hi, lo));
+    sort_words(order);
     let mut rest = order;
     while let [(hi, lo, _), ..] = *rest {
         let run = rest
@@ -323,15 +324,93 @@ fn sort_ties_from<'k>(order: &mut [(u64, u64, u32)], key: &impl Fn(u32) -> &'k [
         let next = depth + 16;
         if tied.iter().all(|e| key(e.2).len() <= next) {
             // Then each is the others' prefix, zeros beyond: the shorter sorts first.
-            tied.sort_unstable_by_key(|e| key(e.2).len());
+            tied.sort_unstable_by_key(|e| (key(e.2).len(), e.2));
         } else if next >= TIE_DEPTH_MAX {
-            tied.sort_unstable_by(|a, b| key(a.2).cmp(key(b.2)));
+            tied.sort_unstable_by(|a, b| key(a.2).cmp(key(b.2)).then(a.2.cmp(&b.2)));
         } else {
             for e in tied.iter_mut() {
                 (e.0, e.1) = words_from(key(e.2), next);
             }
             sort_ties_from(tied, key, next);
         }
+    }
+}
+
+/// From this many entries on, [`sort_words`] sorts by radix.
+const RADIX_MIN: usize = 256;
+
+/// Sorts `order` by its words, then its positions.
+///
+/// Many entries are sorted by radix, least significant byte first, one pass per byte that
+/// is not the same in every entry: a seal's keys share most of their first 16 bytes (the
+/// variable's number and the key's length, the JSON text's opening), so the variable and
+/// a few bytes of the key tell them apart. Each pass counts the entries of each value of
+/// its byte, then moves each entry once. The passes are stable, and [`sort_ties_from`]
+/// hands over entries in ascending positions (all of them at first; then each run of ties,
+/// as the sort before left it), so equal words stay in position order; entries in any
+/// other order take the comparison sort, which compares the positions too.
+fn sort_words(order: &mut [(u64, u64, u32)]) {
+    if order.len() < RADIX_MIN || !order.is_sorted_by_key(|e| e.2) {
+        order.sort_unstable();
+        return;
+    }
+    let (hi0, lo0, _) = order[0];
+    let (mut hi_differs, mut lo_differs) = (0u64, 0u64);
+    for &(hi, lo, _) in order.iter() {
+        hi_differs |= hi ^ hi0;
+        lo_differs |= lo ^ lo0;
+    }
+    // The bytes that differ somewhere, least significant first: `(word, shift)`, word 1
+    // the low one.
+    let digits: Vec<(usize, u32)> = [(1, lo_differs), (0, hi_differs)]
+        .into_iter()
+        .flat_map(|(word, differs)| {
+            (0..64)
+                .step_by(8)
+                .filter(move |shift| (differs >> shift) & 0xff != 0)
+                .map(move |shift| (word, shift))
+        })
+        .collect();
+    let mut spare = order.to_vec();
+    let mut in_spare = false;
+    for (word, shift) in digits {
+        let (from, to) = if in_spare {
+            (&spare[..], &mut order[..])
+        } else {
+            (&order[..], &mut spare[..])
+        };
+        if word == 0 {
+            radix_pass(from, to, |e| (e.0 >> shift) as u8);
+        } else {
+            radix_pass(from, to, |e| (e.1 >> shift) as u8);
+        }
+        in_spare = !in_spare;
+    }
+    if in_spare {
+        order.copy_from_slice(&spare);
+    }
+}
+
+/// Moves `from`'s entries into `to` ordered by the byte `byte` gives each, stably.
+#[inline]
+fn radix_pass(
+    from: &[(u64, u64, u32)],
+    to: &mut [(u64, u64, u32)],
+    byte: impl Fn(&(u64, u64, u32)) -> u8,
+) {
+    let mut places = [0u32; 256];
+    for e in from {
+        places[usize::from(byte(e))] += 1;
+    }
+    // Each byte's first place.
+    let mut at = 0;
+    for p in &mut places {
+        (*p, at) = (at, at + *p);
+    }
+    for e in from {
+        let place = &mut places[usize::from(byte(e))];
+        to[*place as usize] = *e;
+        *place += 1;
     }
 }
 
@@ -802,6 +881,92 @@ mod tests {
         let got: Vec<Vec<u8>> = items.into_iter().map(|(k, _)| k.to_vec()).collect();
         want.sort();
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn sort_by_bytes_keeps_equal_keys_in_order_and_sorts_many_as_few() {
+        // Many keys (the radix sort's side of `RADIX_MIN`) shaped as a seal's: a variable's
+        // number, a length, a JSON array's text, so most of the first 16 bytes are shared;
+        // some written twice or more, each with its place in the input, which must stay
+        // ascending among equal keys. Then the same keys fewer than `RADIX_MIN` at a time,
+        // keys of random bytes, where every byte differs somewhere, and keys that differ in
+        // length only.
+        let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let mut shaped = Vec::new();
+        for _ in 0..5000 {
+            let n = next();
+            let text = format!("[\"k{}\"]", n % 3000);
+            let mut k = ((n >> 40) % 3).to_be_bytes()[4..].to_vec();
+            k.extend_from_slice(&(text.len() as u32).to_be_bytes());
+            k.extend_from_slice(text.as_bytes());
+            shaped.push(k);
+        }
+        let random: Vec<Vec<u8>> = (0..3000)
+            .map(|_| {
+                let n = next();
+                let len = (n % 40) as usize;
+                (0..len).map(|i| (next() >> (i % 8)) as u8).collect()
+            })
+            .collect();
+        let cases = [
+            shaped.clone(),
+            shaped[..RADIX_MIN - 1].to_vec(),
+            shaped[..RADIX_MIN].to_vec(),
+            random,
+            vec![b"same".to_vec(); 600],
+            // Equal through their padding, told apart by length only, many times over.
+            (0..900).map(|i| vec![0; i % 3]).collect(),
+        ];
+        for keys in cases {
+            let items: Vec<(Vec<u8>, usize)> = keys.into_iter().zip(0..).collect();
+            let mut want = items.clone();
+            want.sort_by(|a, b| a.0.cmp(&b.0));
+            assert_eq!(sort_by_bytes(items, |(k, _)| k), want);
+        }
+    }
+
+    #[test]
+    fn sort_words_sorts_by_words_then_position() {
+        let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        // Words that differ in every byte, in the high word only, in one byte, not at all;
+        // and positions out of order, which the radix sort must not take.
+        let shapes: [fn(u64) -> (u64, u64); 4] = [
+            |n| (n.rotate_left(17), n),
+            |n| (n & 0xff00_ff00_0000_00ff, 7),
+            |n| (1, (n & 0xf) << 24),
+            |_| (3, 3),
+        ];
+        for shape in shapes {
+            for len in [0, 1, RADIX_MIN - 1, RADIX_MIN, 4000] {
+                let mut order: Vec<(u64, u64, u32)> = (0..len as u32)
+                    .map(|i| {
+                        let (hi, lo) = shape(next());
+                        (hi, lo, i)
+                    })
+                    .collect();
+                let mut want = order.clone();
+                want.sort_unstable();
+                sort_words(&mut order);
+                assert_eq!(order, want);
+                if len > 1 {
+                    order.reverse();
+                    sort_words(&mut order);
+                    assert_eq!(order, want);
+                }
+            }
+        }
     }
 
     #[test]
