@@ -278,7 +278,7 @@ impl<V: Default> PrefixMap<V> {
 /// the lengths each time (README, "Seal sorts by index").
 pub(crate) fn sort_by_bytes<T>(mut items: Vec<T>, key: impl Fn(&T) -> &[u8]) -> Vec<T> {
     let Ok(len) = u32::try_from(items.len()) else {
-        items.sort_unstable_by(|a, b| key(a).cmp(key(b)));
+        items.sort_by(|a, b| key(a).cmp(key(b)));
         return items;
     };
     let mut order: Vec<(u64, u64, u32)> = (0..len)
