@@ -883,6 +883,16 @@ mod tests {
         assert_eq!(got, want);
     }
 
+    /// A xorshift generator's next numbers from `seed` (not zero).
+    fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+        move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        }
+    }
+
     #[test]
     fn sort_by_bytes_keeps_equal_keys_in_order_and_sorts_many_as_few() {
         // Many keys (the radix sort's side of `RADIX_MIN`) shaped as a seal's: a variable's
@@ -891,13 +901,7 @@ mod tests {
         // ascending among equal keys. Then the same keys fewer than `RADIX_MIN` at a time,
         // keys of random bytes, where every byte differs somewhere, and keys that differ in
         // length only.
-        let mut rng = 0x2545_f491_4f6c_dd1d_u64;
-        let mut next = || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
+        let mut next = xorshift(0x2545_f491_4f6c_dd1d);
         let mut shaped = Vec::new();
         for _ in 0..5000 {
             let n = next();
@@ -933,13 +937,7 @@ mod tests {
 
     #[test]
     fn sort_words_sorts_by_words_then_position() {
-        let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
-        let mut next = || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
         // Words that differ in every byte, in the high word only, in one byte, not at all;
         // and positions out of order, which the radix sort must not take.
         let shapes: [fn(u64) -> (u64, u64); 4] = [
