@@ -836,7 +836,7 @@ mod tests {
         // where ties are compared whole), that end in zeros or are prefixes of others, empty,
         // and short; each with a copy of itself as payload, which must move with the key.
         let mut keys: Vec<Vec<u8>> = vec![vec![], vec![0], vec![0, 0], vec![0xff; 3]];
-        let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
         for shared in [
             0,
             5,
@@ -850,9 +850,7 @@ mod tests {
             TIE_DEPTH_MAX + 20,
         ] {
             for _ in 0..40 {
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
+                let rng = next();
                 let mut k = vec![7; shared];
                 // A short tail of few distinct bytes, zeros among them: many keys are others'
                 // prefixes, and many differ only past a word boundary.
@@ -865,10 +863,7 @@ mod tests {
         let mut want = keys.clone();
         // Shuffled, then sorted with the key's rank carried along.
         for i in (1..keys.len()).rev() {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            keys.swap(i, (rng % (i as u64 + 1)) as usize);
+            keys.swap(i, (next() % (i as u64 + 1)) as usize);
         }
         let items: Vec<(SmallBytes, Vec<u8>)> = keys
             .iter()
@@ -971,12 +966,9 @@ mod tests {
     fn entries_stay_sorted_across_the_switch_to_a_btree() {
         let mut e = Entries::default();
         let mut model = BTreeMap::new();
-        let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = xorshift(0x2545_f491_4f6c_dd1d);
         for i in 0..500u32 {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            let k = (rng % 97).to_be_bytes();
+            let k = (next() % 97).to_be_bytes();
             let slot = (i % 3 != 0).then(|| i.to_be_bytes().to_vec());
             if i % 11 == 0 {
                 assert_eq!(e.remove(&k), model.remove(&k).is_some());
