@@ -47,6 +47,17 @@ mod value;
 #[cfg(test)]
 mod conformance;
 
+/// A xorshift generator's next numbers from `seed` (not zero), for the tests' random cases.
+#[cfg(test)]
+pub(crate) fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+    move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    }
+}
+
 pub use cache::SharedCacheBudget;
 pub use changelog::ChangeStats;
 pub use checkpoint::{

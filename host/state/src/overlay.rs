@@ -749,6 +749,7 @@ pub(crate) fn delta(before: usize, after: usize) -> isize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::xorshift;
 
     #[test]
     fn small_bytes_behave_like_slices() {
@@ -876,16 +877,6 @@ mod tests {
         let got: Vec<Vec<u8>> = items.into_iter().map(|(k, _)| k.to_vec()).collect();
         want.sort();
         assert_eq!(got, want);
-    }
-
-    /// A xorshift generator's next numbers from `seed` (not zero).
-    fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
-        move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        }
     }
 
     #[test]
