@@ -96,20 +96,37 @@ impl ChangeStats {
     pub fn add_log(&mut self, log: &[u8]) -> Result<()> {
         for change in decode(log) {
             let change = change?;
-            let existed = matches!(change.before, Some(Some(_)));
-            let is_new = matches!(change.before, Some(None));
-            let timer = change.key.first() == Some(&keys::TIMER_BY_KEY);
-            match (change.value, timer) {
-                (Some(_), false) => {
-                    self.rows_updated += 1;
-                    self.rows_added += u64::from(is_new);
-                }
-                (None, false) => self.rows_removed += u64::from(existed),
-                (Some(_), true) => self.timers_added += u64::from(is_new),
-                (None, true) => self.timers_removed += u64::from(existed),
-            }
+            let existed = change.before.map(|before| before.is_some());
+            self.count(change.key, change.value.is_some(), existed);
         }
         Ok(())
+    }
+
+    /// Adds `other`'s counts.
+    pub fn add(&mut self, other: &ChangeStats) {
+        self.rows_updated += other.rows_updated;
+        self.rows_added += other.rows_added;
+        self.rows_removed += other.rows_removed;
+        self.timers_added += other.timers_added;
+        self.timers_removed += other.timers_removed;
+    }
+
+    /// Counts one entry: a put or a delete of `key`, which existed before the batch or not
+    /// (`None`: unknown, counted neither as new nor as removed).
+    #[inline]
+    fn count(&mut self, key: &[u8], put: bool, existed: Option<bool>) {
+        let timer = key.first() == Some(&keys::TIMER_BY_KEY);
+        let existed_u = u64::from(existed == Some(true));
+        let is_new = u64::from(existed == Some(false));
+        match (put, timer) {
+            (true, false) => {
+                self.rows_updated += 1;
+                self.rows_added += is_new;
+            }
+            (false, false) => self.rows_removed += existed_u,
+            (true, true) => self.timers_added += is_new,
+            (false, true) => self.timers_removed += existed_u,
+        }
     }
 }
 
@@ -146,6 +163,7 @@ fn push_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
 /// (`None`: the key had no committed value), and are not read.
 pub(crate) fn push_ops(
     out: &mut Vec<u8>,
+    stats: &mut ChangeStats,
     ops: &[WriteOp],
     known: &[(usize, Option<&[u8]>)],
     engine: &dyn KvEngine,
@@ -167,7 +185,7 @@ pub(crate) fn push_ops(
     // Entries go out in op order: the known ones before each read one as it is answered
     // (`get_many` answers in order), the rest after.
     let mut next_known = 0;
-    let mut push_known = |out: &mut Vec<u8>, from: usize, to: usize| {
+    let mut push_known = |out: &mut Vec<u8>, stats: &mut ChangeStats, from: usize, to: usize| {
         for (i, op) in (from..to).zip(&ops[from..to]) {
             if let Some(ahead) = ops.get(i + PREFETCH_AHEAD) {
                 ahead.prefetch();
@@ -183,7 +201,9 @@ pub(crate) fn push_ops(
                 _ => None,
             };
             if let Some((key, value)) = logged_write(op) {
-                push(out, key, value, before.flatten());
+                let before = before.flatten();
+                push(out, key, value, before);
+                stats.count(key, value.is_some(), Some(before.is_some()));
             }
         }
     };
@@ -191,15 +211,16 @@ pub(crate) fn push_ops(
     if !keys.is_empty() {
         engine.get_many(&keys, &mut |j, before| {
             let at = read[j];
-            push_known(out, next, at);
+            push_known(out, stats, next, at);
             if let Some((key, value)) = logged_write(&ops[at]) {
                 push(out, key, value, before);
+                stats.count(key, value.is_some(), Some(before.is_some()));
             }
             next = at + 1;
             Ok(())
         })?;
     }
-    push_known(out, next, ops.len());
+    push_known(out, stats, next, ops.len());
     Ok(())
 }
 

@@ -619,28 +619,33 @@ impl Checkpoint {
                 batch.delete_range(start, end);
             }
         }
+        // The counts of what the commit logs: the partitions' own entries were counted as
+        // their transactions were sealed, the rest (dropped variables, range deletes) here.
+        let mut stats = ChangeStats::default();
+        for log in logs.values() {
+            stats.add_log(log)?;
+        }
         let txn_count = txns.len();
         let mut runs = Vec::with_capacity(txns.len());
         for txn in txns {
             let partition = txn.partition();
             let (ops, changes) = txn.into_parts();
             if logging {
-                let changes = changes?;
+                let (changes, counted) = changes?;
+                stats.add(&counted);
                 let log = logs.entry(partition).or_default();
                 if log.is_empty() {
                     *log = changes;
                 } else {
                     log.extend_from_slice(&changes);
                 }
+                let from = log.len();
                 self.log_range_deletes(&ops, log)?;
+                stats.add_log(&log[from..])?;
             }
             runs.push(ops);
         }
         merge_runs(runs, &mut batch);
-        let mut stats = ChangeStats::default();
-        for log in logs.values() {
-            stats.add_log(log)?;
-        }
         for (name, value) in meta.into_iter().chain(finish(&stats)) {
             let key = keys::meta_key(&name);
             match value {

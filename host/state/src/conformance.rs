@@ -1619,6 +1619,29 @@ fn change_stats_count_what_each_batch_changed(fx: Fixture) {
             timers_removed: 1,
         }
     );
+
+    // A clear of more entries than get point deletes is one range delete, whose removed
+    // entries the commit logs and counts. The list starts again at the first sequence: the
+    // element appended after the clear overwrites that entry, not removed and not new.
+    let long = POINT_DELETE_LIMIT + 6;
+    let mut a = fx.cp().txn(0);
+    a.list_append(4, b"a", (0..long).map(|n| v(&n.to_string())).collect())
+        .unwrap();
+    commit_logged(&fx, 2, vec![], vec![a]);
+    let mut a = fx.cp().txn(0);
+    a.list_clear(4, b"a").unwrap();
+    a.list_append(4, b"a", vec![v("after")]).unwrap();
+    let stats = commit_logged(&fx, 3, vec![], vec![a]);
+    assert_eq!(
+        stats,
+        ChangeStats {
+            rows_updated: 1,
+            rows_added: 0,
+            rows_removed: long as u64 - 1,
+            timers_added: 0,
+            timers_removed: 0,
+        }
+    );
 }
 
 fn snapshot_keeps_the_state_committed_when_taken(fx: Fixture) {

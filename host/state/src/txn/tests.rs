@@ -5,6 +5,16 @@ use super::*;
 use crate::overlay::POINT_DELETE_LIMIT;
 use crate::{Checkpoint, Commit};
 
+/// The change log of a sealed transaction, once its counts are checked against those of
+/// the log's own entries.
+fn counted(log: Result<(Vec<u8>, ChangeStats)>) -> Vec<u8> {
+    let (log, stats) = log.unwrap();
+    let mut decoded = ChangeStats::default();
+    decoded.add_log(&log).unwrap();
+    assert_eq!(stats, decoded, "the seal's counts are the log's");
+    log
+}
+
 fn v(payload: &str) -> StoredValue {
     StoredValue {
         schema_id: 0,
@@ -280,7 +290,7 @@ fn timers_armed_after_every_committed_one_are_logged_as_new_without_reading_them
     let cp = Checkpoint::with_engine(engine.clone());
     let logged = |txn: PartitionTxn| -> Vec<(i64, Option<bool>)> {
         let (_, log) = txn.into_parts();
-        let log = log.unwrap();
+        let log = counted(log);
         changelog::decode(&log)
             .map(|c| {
                 let c = c.unwrap();
@@ -342,7 +352,7 @@ fn appended_list_elements_are_logged_as_new_without_reading_them() {
     let mut txn = cp.txn(0);
     txn.list_append(1, b"k", vec![v("c")]).unwrap();
     let (_, log) = txn.into_parts();
-    let log = log.unwrap();
+    let log = counted(log);
     assert_eq!(reads(), 0, "no before-image read for an appended element");
     let changes: Vec<_> = changelog::decode(&log).collect::<Result<_>>().unwrap();
     assert_eq!(changes.len(), 1);
@@ -355,7 +365,7 @@ fn appended_list_elements_are_logged_as_new_without_reading_them() {
     txn.list_clear(1, b"k").unwrap();
     txn.list_append(1, b"k", vec![v("x")]).unwrap();
     let (_, log) = txn.into_parts();
-    let log = log.unwrap();
+    let log = counted(log);
     assert!(reads() > 0);
     let changes: Vec<_> = changelog::decode(&log).collect::<Result<_>>().unwrap();
     let first = changes
@@ -400,7 +410,7 @@ fn values_and_map_entries_the_batch_read_are_logged_without_reading_them_again()
     txn.value_put(1, b"unread", v("z")).unwrap();
     assert_eq!(engine.take(), 4, "the batch's own reads");
     let (_, log) = txn.into_parts();
-    let log = log.unwrap();
+    let log = counted(log);
     assert_eq!(
         engine.take(),
         1,
@@ -439,7 +449,7 @@ fn values_and_map_entries_the_batch_read_are_logged_without_reading_them_again()
     txn.map_put(1, b"k", b"w", v("w")).unwrap();
     engine.take();
     let (_, log) = txn.into_parts();
-    let log = log.unwrap();
+    let log = counted(log);
     assert_eq!(engine.take(), 0, "both entries were read by the batch");
     let befores: Vec<_> = changelog::decode(&log)
         .map(|c| c.unwrap().before.map(|b| b.map(<[u8]>::to_vec)))
@@ -486,7 +496,7 @@ fn state_read_ahead_is_logged_without_reading_it_again() {
         "reads answered ahead are not kept twice"
     );
     let (_, log) = txn.into_parts();
-    let log = log.unwrap();
+    let log = counted(log);
     assert_eq!(engine.take(), 0, "the seal read no before-image again");
     let befores: Vec<_> = changelog::decode(&log)
         .map(|c| {
@@ -520,7 +530,7 @@ fn state_removed_by_ttl_cleanup_is_logged_without_reading_it_again() {
     assert_eq!(txn.ttl_cleanup(10).unwrap(), 1);
     assert_eq!(engine.take(), 1, "the cleanup read the value's expiry");
     let (_, log) = txn.into_parts();
-    let log = log.unwrap();
+    let log = counted(log);
     assert_eq!(engine.take(), 0, "and the seal did not read it again");
     let changes: Vec<_> = changelog::decode(&log).collect::<Result<_>>().unwrap();
     assert_eq!(changes.len(), 1);
@@ -554,7 +564,7 @@ fn reads_past_their_limit_are_not_kept_and_read_again_at_the_seal() {
     assert!(txn.reads.borrow().bytes <= READS_LIMIT);
     engine.take();
     let (_, log) = txn.into_parts();
-    let log = log.unwrap();
+    let log = counted(log);
     assert_eq!(
         engine.take(),
         n - kept,
