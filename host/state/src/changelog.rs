@@ -157,13 +157,82 @@ fn push_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(bytes);
 }
 
+/// A change log being written: its entries, their counts, and where the chunks [`chunks`]
+/// cuts it into end, noted as the entries are written so that the commit need not read
+/// them again to cut it.
+#[derive(Debug)]
+pub(crate) struct Log {
+    pub bytes: Vec<u8>,
+    pub stats: ChangeStats,
+    /// The ends of its first chunks, each the end of the first entry that reaches
+    /// [`CHUNK_BYTES`] since the last: all of them while every entry came through
+    /// [`Log::push`], else the ones before the first that did not.
+    chunk_ends: Vec<usize>,
+    /// Whether every entry came through [`Log::push`].
+    tracked: bool,
+}
+
+impl Default for Log {
+    fn default() -> Self {
+        Self::with_capacity(0)
+    }
+}
+
+impl Log {
+    /// An empty log, with room for `bytes` bytes.
+    pub fn with_capacity(bytes: usize) -> Self {
+        Self {
+            bytes: Vec::with_capacity(bytes),
+            stats: ChangeStats::default(),
+            chunk_ends: Vec::new(),
+            tracked: true,
+        }
+    }
+
+    /// Appends one entry and counts it (see [`push`]).
+    #[inline]
+    pub fn push(&mut self, key: &[u8], value: Option<&[u8]>, before: Option<&[u8]>) {
+        push(&mut self.bytes, key, value, before);
+        self.stats
+            .count(key, value.is_some(), Some(before.is_some()));
+        let start = self.chunk_ends.last().copied().unwrap_or(0);
+        if self.tracked && self.bytes.len() - start >= CHUNK_BYTES {
+            self.chunk_ends.push(self.bytes.len());
+        }
+    }
+
+    /// Appends `other`'s entries and counts. Where its chunks end in this log is not noted:
+    /// [`Log::chunks`] reads its entries to cut them.
+    pub fn append(&mut self, other: Log) {
+        if self.bytes.is_empty() {
+            *self = other;
+            return;
+        }
+        self.bytes.extend_from_slice(&other.bytes);
+        self.stats.add(&other.stats);
+        self.tracked = false;
+    }
+
+    /// The log cut into chunks, as [`chunks`] cuts it with [`CHUNK_BYTES`]: the noted ones,
+    /// then the rest read entry by entry.
+    pub fn chunks(&self) -> impl Iterator<Item = &[u8]> {
+        let mut start = 0;
+        let noted = self.chunk_ends.iter().map(move |&end| {
+            let chunk = &self.bytes[start..end];
+            start = end;
+            chunk
+        });
+        let rest = self.chunk_ends.last().map_or(0, |&end| end);
+        noted.chain(chunks(&self.bytes[rest..], CHUNK_BYTES))
+    }
+}
+
 /// Appends the entries of the logged point writes among `ops`, reading each key's
 /// before-image from `engine` (the committed state the batch ran on) in one batched read;
 /// the operations at the indexes in `known` (ascending) have their before-image given
 /// (`None`: the key had no committed value), and are not read.
 pub(crate) fn push_ops(
-    out: &mut Vec<u8>,
-    stats: &mut ChangeStats,
+    out: &mut Log,
     ops: &[WriteOp],
     known: &[(usize, Option<&[u8]>)],
     engine: &dyn KvEngine,
@@ -185,7 +254,7 @@ pub(crate) fn push_ops(
     // Entries go out in op order: the known ones before each read one as it is answered
     // (`get_many` answers in order), the rest after.
     let mut next_known = 0;
-    let mut push_known = |out: &mut Vec<u8>, stats: &mut ChangeStats, from: usize, to: usize| {
+    let mut push_known = |out: &mut Log, from: usize, to: usize| {
         for (i, op) in (from..to).zip(&ops[from..to]) {
             if let Some(ahead) = ops.get(i + PREFETCH_AHEAD) {
                 ahead.prefetch();
@@ -201,9 +270,7 @@ pub(crate) fn push_ops(
                 _ => None,
             };
             if let Some((key, value)) = logged_write(op) {
-                let before = before.flatten();
-                push(out, key, value, before);
-                stats.count(key, value.is_some(), Some(before.is_some()));
+                out.push(key, value, before.flatten());
             }
         }
     };
@@ -211,16 +278,15 @@ pub(crate) fn push_ops(
     if !keys.is_empty() {
         engine.get_many(&keys, &mut |j, before| {
             let at = read[j];
-            push_known(out, stats, next, at);
+            push_known(out, next, at);
             if let Some((key, value)) = logged_write(&ops[at]) {
-                push(out, key, value, before);
-                stats.count(key, value.is_some(), Some(before.is_some()));
+                out.push(key, value, before);
             }
             next = at + 1;
             Ok(())
         })?;
     }
-    push_known(out, stats, next, ops.len());
+    push_known(out, next, ops.len());
     Ok(())
 }
 
@@ -407,5 +473,62 @@ mod tests {
         let mut bad = log[..100].to_vec();
         bad.extend_from_slice(b"\xff\xff");
         assert_eq!(chunks(&bad, 1).collect::<Vec<_>>().concat(), bad);
+    }
+
+    /// A log written entry by entry notes where its chunks end as [`chunks`] would cut it;
+    /// after another log is appended to it, or it to an empty one, the rest is read to cut
+    /// it, and the counts are those of all the entries.
+    #[test]
+    fn a_logs_noted_chunks_are_those_its_entries_give() {
+        let mut rng = crate::xorshift(3);
+        let mut entries = |log: &mut Log, n: usize| {
+            for i in 0..n {
+                // Entries of up to ~12 KiB, one in twenty longer than a chunk.
+                let len = if rng().is_multiple_of(20) {
+                    CHUNK_BYTES + 100
+                } else {
+                    (rng() % 12_000) as usize
+                };
+                let key = format!("\x02key{i}");
+                let value = vec![b'v'; len];
+                match rng() % 3 {
+                    0 => log.push(key.as_bytes(), Some(&value), None),
+                    1 => log.push(key.as_bytes(), None, Some(&value)),
+                    _ => log.push(b"\x06timer", Some(b"t"), Some(&value)),
+                }
+            }
+        };
+        let check = |log: &Log, what: &str| {
+            assert!(
+                log.chunks().eq(chunks(&log.bytes, CHUNK_BYTES)),
+                "{what}: the chunks differ"
+            );
+            let mut counted = ChangeStats::default();
+            counted.add_log(&log.bytes).unwrap();
+            assert_eq!(log.stats, counted, "{what}: the counts differ");
+        };
+        let mut log = Log::default();
+        assert_eq!(log.chunks().count(), 0);
+        // Two entries of exactly a chunk's bytes (a 2-byte key, 10 bytes of framing): each
+        // reaches the target on its own.
+        for _ in 0..2 {
+            log.push(b"\x02k", Some(&vec![b'v'; CHUNK_BYTES - 12]), None);
+        }
+        assert_eq!(log.chunk_ends, [CHUNK_BYTES, 2 * CHUNK_BYTES]);
+        entries(&mut log, 40);
+        assert!(log.chunk_ends.len() > 2);
+        check(&log, "written entry by entry");
+        let mut other = Log::with_capacity(100);
+        entries(&mut other, 30);
+        log.append(other);
+        check(&log, "with another appended");
+        entries(&mut log, 30);
+        check(&log, "with more entries after that");
+        let mut other = Log::default();
+        entries(&mut other, 30);
+        let mut empty = Log::default();
+        empty.append(other);
+        entries(&mut empty, 30);
+        check(&empty, "appended to an empty one, then written");
     }
 }

@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 
 use crate::ahead::Shapes;
 use crate::cache::{CachedEngine, SharedCacheBudget};
-use crate::changelog::ChangeStats;
+use crate::changelog::{ChangeStats, Log};
 use crate::engine::{KvEngine, PREFETCH_AHEAD, ScanFn, WriteBatch, WriteOp, clear_ops, prefetch};
 use crate::mem::MemEngine;
 use crate::rocks::{RocksEngine, SharedMemtables};
@@ -597,7 +597,7 @@ impl Checkpoint {
         // The snapshot being taken is of the last commit's state.
         self.wait_for_snapshot();
         // Change log per partition, ascending by partition.
-        let mut logs: BTreeMap<Partition, Vec<u8>> = BTreeMap::new();
+        let mut logs: BTreeMap<Partition, Log> = BTreeMap::new();
         let logging = changelog.is_some();
         let mut batch = self.spare.take();
         batch.reserve(
@@ -612,18 +612,12 @@ impl Checkpoint {
                     self.engine.scan(&start, &end, &mut |k, v| {
                         let (_, key, _) = keys::decode_var_key(ns, k)?;
                         let log = logs.entry((cl.partition_of)(key)).or_default();
-                        changelog::push(log, k, None, Some(v));
+                        log.push(k, None, Some(v));
                         Ok(true)
                     })?;
                 }
                 batch.delete_range(start, end);
             }
-        }
-        // The counts of what the commit logs: the partitions' own entries were counted as
-        // their transactions were sealed, the rest (dropped variables, range deletes) here.
-        let mut stats = ChangeStats::default();
-        for log in logs.values() {
-            stats.add_log(log)?;
         }
         let txn_count = txns.len();
         let mut runs = Vec::with_capacity(txns.len());
@@ -631,21 +625,19 @@ impl Checkpoint {
             let partition = txn.partition();
             let (ops, changes) = txn.into_parts();
             if logging {
-                let (changes, counted) = changes?;
-                stats.add(&counted);
                 let log = logs.entry(partition).or_default();
-                if log.is_empty() {
-                    *log = changes;
-                } else {
-                    log.extend_from_slice(&changes);
-                }
-                let from = log.len();
+                log.append(changes?);
                 self.log_range_deletes(&ops, log)?;
-                stats.add_log(&log[from..])?;
             }
             runs.push(ops);
         }
         merge_runs(runs, &mut batch);
+        // The counts of what the commit logs: each entry was counted as it was logged, most
+        // of them as their partitions' transactions were sealed.
+        let mut stats = ChangeStats::default();
+        for log in logs.values() {
+            stats.add(&log.stats);
+        }
         for (name, value) in meta.into_iter().chain(finish(&stats)) {
             let key = keys::meta_key(&name);
             match value {
@@ -660,7 +652,7 @@ impl Checkpoint {
             }
             batch.put(keys::changelog_marker(cl.batch_id), Vec::new());
             for (partition, log) in logs {
-                for (n, chunk) in changelog::chunks(&log, changelog::CHUNK_BYTES).enumerate() {
+                for (n, chunk) in log.chunks().enumerate() {
                     // At most one chunk per entry, and a log has fewer than 2^32 entries.
                     let key = keys::changelog_chunk_key(cl.batch_id, partition, n as u32);
                     batch.put(key, chunk.to_vec());
@@ -681,7 +673,7 @@ impl Checkpoint {
 
     /// Logs deletes for the committed keys that `ops`' range tombstones over value, list
     /// and map entries remove and that `ops` (ascending by key) does not put again.
-    fn log_range_deletes(&self, ops: &[WriteOp], log: &mut Vec<u8>) -> Result<()> {
+    fn log_range_deletes(&self, ops: &[WriteOp], log: &mut Log) -> Result<()> {
         for op in ops {
             let WriteOp::DeleteRange(start, end) = op else {
                 continue;
@@ -694,7 +686,7 @@ impl Checkpoint {
                     .binary_search_by(|op| op_key(op).cmp(k))
                     .is_ok_and(|i| matches!(ops[i], WriteOp::Put(..)));
                 if !put_again {
-                    changelog::push(log, k, None, Some(v));
+                    log.push(k, None, Some(v));
                 }
                 Ok(true)
             })?;

@@ -35,7 +35,7 @@ use std::ops::Bound::{Excluded, Included, Unbounded};
 use std::sync::Arc;
 
 use crate::ahead::{Ahead, Shapes};
-use crate::changelog::{self, ChangeStats};
+use crate::changelog::{self, Log};
 use crate::engine::{KvEngine, PREFETCH_AHEAD, ScanFn, WriteOp, prefetch, prefetch_value};
 use crate::keys::{self, check_key};
 use crate::marks::Marks;
@@ -164,10 +164,10 @@ struct Sealed {
     /// Bytes of keys and values `ops` and `changes` write (see
     /// [`PartitionTxn::written_bytes`]).
     bytes: u64,
-    /// The change log entries of `ops`' point writes (see [`crate::changelog`]) and their
-    /// counts; the commit adds the keys `ops`' range tombstones remove. Reading the
-    /// before-images may fail; the commit reports it.
-    changes: Result<(Vec<u8>, ChangeStats)>,
+    /// The change log entries of `ops`' point writes (see [`crate::changelog`]), with their
+    /// counts and chunks; the commit adds the keys `ops`' range tombstones remove. Reading
+    /// the before-images may fail; the commit reports it.
+    changes: Result<Log>,
 }
 
 impl PartitionTxn {
@@ -792,16 +792,14 @@ impl PartitionTxn {
                 .sum();
             // Room for every operation logged with a before-image as large as its value: the
             // log is built once, not copied as it doubles.
-            let mut changes = Vec::with_capacity(2 * op_bytes + ops.len() * LOG_ENTRY_OVERHEAD);
-            // Counted here, on the partition's thread, rather than by decoding the log again
-            // on the committing one.
-            let mut stats = ChangeStats::default();
+            let mut changes = Log::with_capacity(2 * op_bytes + ops.len() * LOG_ENTRY_OVERHEAD);
+            // Counted and cut into chunks here, on the partition's thread, rather than by
+            // reading the log again on the committing one.
             let changes =
-                changelog::push_ops(&mut changes, &mut stats, &ops, &known, &*self.engine)
-                    .map(|()| (changes, stats));
+                changelog::push_ops(&mut changes, &ops, &known, &*self.engine).map(|()| changes);
             drop(known);
             ahead.finish();
-            let log_bytes = changes.as_ref().map_or(0, |(log, _)| log.len());
+            let log_bytes = changes.as_ref().map_or(0, |log| log.bytes.len());
             self.sealed = Some(Sealed {
                 ops,
                 point_writes,
@@ -817,14 +815,12 @@ impl PartitionTxn {
         self.into_parts().0
     }
 
-    /// The write-batch operations and the point writes' change log entries with their
-    /// counts, sealing first if needed.
-    pub(crate) fn into_parts(mut self) -> (Vec<WriteOp>, Result<(Vec<u8>, ChangeStats)>) {
+    /// The write-batch operations and the point writes' change log, sealing first if
+    /// needed.
+    pub(crate) fn into_parts(mut self) -> (Vec<WriteOp>, Result<Log>) {
         self.seal();
-        self.sealed.map_or_else(
-            || (Vec::new(), Ok((Vec::new(), ChangeStats::default()))),
-            |s| (s.ops, s.changes),
-        )
+        self.sealed
+            .map_or_else(|| (Vec::new(), Ok(Log::default())), |s| (s.ops, s.changes))
     }
 
     /// Bytes the commit writes for this transaction, sealing it first if needed: the keys

@@ -3,16 +3,21 @@
 
 use super::*;
 use crate::overlay::POINT_DELETE_LIMIT;
-use crate::{Checkpoint, Commit};
+use crate::{ChangeStats, Checkpoint, Commit};
 
-/// The change log of a sealed transaction, once its counts are checked against those of
-/// the log's own entries.
-fn counted(log: Result<(Vec<u8>, ChangeStats)>) -> Vec<u8> {
-    let (log, stats) = log.unwrap();
+/// The change log of a sealed transaction, once its counts and chunks are checked against
+/// those read from the log's own entries.
+fn counted(log: Result<Log>) -> Vec<u8> {
+    let log = log.unwrap();
     let mut decoded = ChangeStats::default();
-    decoded.add_log(&log).unwrap();
-    assert_eq!(stats, decoded, "the seal's counts are the log's");
-    log
+    decoded.add_log(&log.bytes).unwrap();
+    assert_eq!(log.stats, decoded, "the seal's counts are the log's");
+    assert!(
+        log.chunks()
+            .eq(changelog::chunks(&log.bytes, changelog::CHUNK_BYTES)),
+        "the seal's chunks are the log's"
+    );
+    log.bytes
 }
 
 fn v(payload: &str) -> StoredValue {
