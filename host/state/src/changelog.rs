@@ -157,9 +157,8 @@ fn push_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(bytes);
 }
 
-/// A change log being written: its entries, their counts, and where the chunks [`chunks`]
-/// cuts it into end, noted as the entries are written so that the commit need not read
-/// them again to cut it.
+/// A change log being written: its entries, their counts, and the offsets where [`chunks`]
+/// cuts it, noted as the entries are written so that the commit need not read them again.
 #[derive(Debug)]
 pub(crate) struct Log {
     pub bytes: Vec<u8>,
