@@ -18,6 +18,7 @@ mod js;
 mod kafka;
 mod kafka_group;
 mod library_errors;
+mod profiling;
 mod pyspark_docs;
 mod pyspark_http;
 mod pyspark_tws;

@@ -112,6 +112,11 @@ pub(crate) fn engine() -> wasmtime::Result<Engine> {
     config.cranelift_opt_level(wasmtime::OptLevel::Speed);
     // Deep guest recursion must trap, not overflow the host's stack.
     config.max_wasm_stack(1 << 20);
+    // For profiling: `STATEBOX_PERFMAP=1` has wasmtime write `/tmp/perf-<pid>.map`, which
+    // names the compiled guest functions in `perf report` (else they are bare addresses).
+    if std::env::var_os("STATEBOX_PERFMAP").is_some() {
+        config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+    }
     Engine::new(&config)
 }
 
