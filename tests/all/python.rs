@@ -259,6 +259,64 @@ fn an_unchanged_processor_is_not_rebuilt() {
     );
 }
 
+/// Two builds of the same processor at once, into an empty cache: one builds, the other
+/// waits for it and takes its component.
+#[test]
+fn concurrent_builds_of_a_processor_build_it_once() {
+    let source = format!(
+        "{HEADER}class P(StatefulProcessor):\n    def init(self, handle):\n        pass\n\n    def handleInputRows(self, key, rows, timerValues):\n        yield Row(key=key[0], count=7)\n"
+    );
+    let dir = tempfile::tempdir().expect("create a temporary directory");
+    let file = dir.path().join("processor.py");
+    std::fs::write(&file, source).expect("write processor.py");
+    let cache = dir.path().join("cache");
+    let _one = BUILDS.lock().unwrap_or_else(|e| e.into_inner());
+    let builds: Vec<_> = (0..2)
+        .map(|n| {
+            Command::new(statebox_bin())
+                .arg("build-python")
+                .arg(&file)
+                .arg("-o")
+                .arg(dir.path().join(format!("{n}.wasm")))
+                .env("STATEBOX_CACHE_DIR", &cache)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn statebox")
+        })
+        .collect();
+    let outputs: Vec<Output> = builds
+        .into_iter()
+        .map(|b| b.wait_with_output().expect("wait for statebox"))
+        .collect();
+    for out in &outputs {
+        assert!(out.status.success(), "{}", text(out));
+    }
+    let built = outputs
+        .iter()
+        .filter(|out| String::from_utf8_lossy(&out.stderr).contains("building Python processor"))
+        .count();
+    assert_eq!(built, 1, "{}\n{}", text(&outputs[0]), text(&outputs[1]));
+    assert_eq!(
+        std::fs::read(dir.path().join("0.wasm")).expect("read"),
+        std::fs::read(dir.path().join("1.wasm")).expect("read")
+    );
+    let cached: Vec<String> = std::fs::read_dir(cache.join("python"))
+        .expect("read the cache")
+        .map(|e| {
+            e.expect("an entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    assert!(
+        cached.len() == 1 && cached[0].ends_with(".wasm"),
+        "one component and no lock left: {cached:?}"
+    );
+}
+
 /// What a fresh instance of a component costs, with its compiled code in the cache:
 /// `(load, first, warm)` in milliseconds — loading the compiled component, then opening a
 /// query (one partition) and running its first batch of one row (instantiation, `init`, the

@@ -294,6 +294,13 @@ pub(crate) fn build(source: &Path, options: &PythonOptions) -> anyhow::Result<Pa
         return Ok(wasm);
     }
     std::fs::create_dir_all(&cache).with_context(|| format!("create {}", cache.display()))?;
+    // A process building the same processor holds the entry's lock: its build is waited
+    // for and used rather than repeated (a build takes seconds of CPU).
+    let _building = statebox_runtime::cache::lock_entry(&wasm);
+    if wasm.is_file() {
+        statebox_runtime::cache::mark_used(&wasm);
+        return Ok(wasm);
+    }
 
     let componentize_py = componentize_py(&setup)?;
     let work = tempfile::Builder::new()
@@ -331,8 +338,8 @@ pub(crate) fn build(source: &Path, options: &PythonOptions) -> anyhow::Result<Pa
         let stderr = String::from_utf8_lossy(&output.stderr);
         bail!("{}", explain_failure(&display, &stderr, &sdk));
     }
-    // Move the component into the cache atomically: concurrent builds of the same processor
-    // each write a whole file, and readers never see a partial one.
+    // Move the component into the cache atomically: builds that could not take the lock each
+    // write a whole file, and readers never see a partial one.
     let partial = tempfile::NamedTempFile::new_in(&cache)?;
     std::fs::copy(&out, partial.path())?;
     partial

@@ -24,6 +24,11 @@ pub const COMPILED_MAX_BYTES: u64 = 4 << 30;
 /// compilation left in `cache_dir`; a fresh compilation is written there for next time.
 /// Past `max_bytes` (if given), the least recently used artifacts are removed after a
 /// fresh one is written.
+///
+/// A component is compiled once however many processes (or threads) load it at once: the
+/// one compiling holds the entry's lock ([`lock_entry`]), and the others wait for it and
+/// read its artifact. Compiling a Python processor takes ~15 s of CPU; a test run that
+/// starts forty processes over a few components compiled each of them many times over.
 pub(crate) fn compile_cached(
     engine: &Engine,
     cache_dir: Option<&Path>,
@@ -32,18 +37,20 @@ pub(crate) fn compile_cached(
     hash: &str,
 ) -> Result<Component, LoadError> {
     let cached = cache_dir.map(|dir| dir.join(format!("{hash}.cwasm")));
-    if let Some(path) = cached.as_ref().filter(|p| p.exists()) {
-        // SAFETY: the cache directory holds only artifacts this host compiled itself
-        // (written below under the content hash of the source); wasmtime checks that
-        // the artifact matches this engine's version and configuration.
-        match unsafe { Component::deserialize_file(engine, path) } {
-            Ok(c) => {
-                mark_used(path);
-                return Ok(c);
-            }
-            Err(e) => tracing::warn!(error = %e, "ignoring unusable cached component"),
-        }
+    if let Some(component) = cached.as_deref().and_then(|path| read_cached(engine, path)) {
+        return Ok(component);
     }
+    let lock = cached.as_deref().and_then(lock_entry);
+    if lock.is_some()
+        && let Some(component) = cached.as_deref().and_then(|path| read_cached(engine, path))
+    {
+        return Ok(component);
+    }
+    #[cfg(test)]
+    tests::COMPILED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(hash.to_owned());
     let component =
         Component::new(engine, bytes).map_err(|e| LoadError::Invalid(format!("{e:#}")))?;
     if let (Some(path), Some(dir)) = (&cached, cache_dir) {
@@ -56,7 +63,71 @@ pub(crate) fn compile_cached(
             Err(e) => tracing::warn!(error = %e, "could not cache compiled component"),
         }
     }
+    drop(lock);
     Ok(component)
+}
+
+/// The component cached at `path`, if there is a usable one (marked used).
+fn read_cached(engine: &Engine, path: &Path) -> Option<Component> {
+    if !path.exists() {
+        return None;
+    }
+    // SAFETY: the cache directory holds only artifacts this host compiled itself (written
+    // by `compile_cached` under the content hash of the source); wasmtime checks that the
+    // artifact matches this engine's version and configuration.
+    match unsafe { Component::deserialize_file(engine, path) } {
+        Ok(component) => {
+            mark_used(path);
+            Some(component)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "ignoring unusable cached component");
+            None
+        }
+    }
+}
+
+/// The lock of the cache entry `path` while it is being made (compiled, or built by the
+/// CLI): `<path>.lock`, locked (waiting while another process or thread holds it). Dropping it removes the file, then unlocks: a loader
+/// waiting on the removed file finds the artifact once it has the lock; one arriving later
+/// finds the artifact before looking for a lock. `None` (best effort: the component is
+/// compiled without waiting) if the file cannot be made or locked.
+pub fn lock_entry(path: &Path) -> Option<EntryLock> {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".lock");
+    let lock_path = PathBuf::from(name);
+    let opened = std::fs::create_dir_all(path.parent()?).and_then(|()| {
+        std::fs::File::options()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock_path)
+    });
+    let file = match opened.and_then(|file| file.lock().map(|()| file)) {
+        Ok(file) => file,
+        Err(e) => {
+            tracing::debug!(error = %e, lock = %lock_path.display(), "cannot lock a cache entry");
+            return None;
+        }
+    };
+    Some(EntryLock {
+        path: lock_path,
+        _file: file,
+    })
+}
+
+/// A cache entry's lock; see [`lock_entry`].
+#[must_use = "the entry is unlocked when this is dropped"]
+pub struct EntryLock {
+    path: PathBuf,
+    /// Locked; closing it unlocks.
+    _file: std::fs::File,
+}
+
+impl Drop for EntryLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
 }
 
 /// Marks the cache entry `path` as just used (its modification time), so [`trim`] removes
@@ -147,9 +218,75 @@ fn temp_path_in(dir: &Path) -> PathBuf {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
     use std::time::Duration;
 
     use super::*;
+
+    /// The hashes of the components [`compile_cached`] compiled, one per compilation.
+    pub(super) static COMPILED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+    fn compilations(hash: &str) -> usize {
+        COMPILED
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|h| *h == hash)
+            .count()
+    }
+
+    /// The smallest component: an empty one.
+    const EMPTY_COMPONENT: &[u8] = b"\0asm\x0d\0\x01\0";
+
+    /// Loaders of a component another is compiling wait for it and read its artifact: three
+    /// loaders that find the entry locked compile it once between them.
+    #[test]
+    fn loaders_of_a_component_being_compiled_wait_and_read_its_artifact() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = crate::sandbox::engine().unwrap();
+        let hash = "being-compiled";
+        let path = dir.path().join(format!("{hash}.cwasm"));
+        let lock_file = dir.path().join(format!("{hash}.cwasm.lock"));
+        // Held here, as a process compiling the component would hold it.
+        let held = lock_entry(&path).unwrap();
+        assert!(lock_file.exists());
+        let loaders: Vec<_> = (0..3)
+            .map(|_| {
+                let (engine, dir) = (engine.clone(), dir.path().to_owned());
+                std::thread::spawn(move || {
+                    compile_cached(&engine, Some(&dir), None, EMPTY_COMPONENT, hash).map(|_| ())
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            loaders.iter().all(|l| !l.is_finished()),
+            "the loaders wait for the lock"
+        );
+        assert_eq!(compilations(hash), 0);
+        drop(held);
+        for loader in loaders {
+            loader.join().unwrap().unwrap();
+        }
+        assert_eq!(compilations(hash), 1, "one compiled, the others read");
+        assert!(path.exists());
+        assert!(!lock_file.exists(), "the lock's file is removed");
+        // A later load reads the artifact without compiling or locking.
+        compile_cached(&engine, Some(dir.path()), None, EMPTY_COMPONENT, hash).unwrap();
+        assert_eq!(compilations(hash), 1);
+        assert!(!lock_file.exists());
+    }
+
+    /// Without a cache nothing is locked: each load compiles.
+    #[test]
+    fn without_a_cache_each_load_compiles() {
+        let engine = crate::sandbox::engine().unwrap();
+        let hash = "uncached";
+        for _ in 0..2 {
+            compile_cached(&engine, None, None, EMPTY_COMPONENT, hash).unwrap();
+        }
+        assert_eq!(compilations(hash), 2);
+    }
 
     /// An entry of `len` bytes last used `age_s` seconds ago.
     fn entry(dir: &Path, name: &str, len: usize, age_s: u64) -> PathBuf {
