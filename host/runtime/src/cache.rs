@@ -88,10 +88,11 @@ fn read_cached(engine: &Engine, path: &Path) -> Option<Component> {
 }
 
 /// The lock of the cache entry `path` while it is being made (compiled, or built by the
-/// CLI): `<path>.lock`, locked (waiting while another process or thread holds it). Dropping it removes the file, then unlocks: a loader
-/// waiting on the removed file finds the artifact once it has the lock; one arriving later
-/// finds the artifact before looking for a lock. `None` (best effort: the component is
-/// compiled without waiting) if the file cannot be made or locked.
+/// CLI): `<path>.lock`, locked (waiting while another process or thread holds it).
+/// Dropping it removes the file, then unlocks: a loader waiting on the removed file finds
+/// the artifact once it has the lock; one arriving later finds the artifact before looking
+/// for a lock. `None` (best effort: the entry is made without waiting) if the file cannot
+/// be made or locked.
 pub fn lock_entry(path: &Path) -> Option<EntryLock> {
     let mut name = path.as_os_str().to_owned();
     name.push(".lock");
