@@ -27,7 +27,7 @@ pub const COMPILED_MAX_BYTES: u64 = 4 << 30;
 ///
 /// A component is compiled once however many processes (or threads) load it at once: the
 /// one compiling holds the entry's lock ([`lock_entry`]), and the others wait for it and
-/// read its artifact. Compiling a Python processor takes ~15 s of CPU; a test run that
+/// read its artifact. Compiling a Python processor takes seconds of CPU; a test run that
 /// starts forty processes over a few components compiled each of them many times over.
 pub(crate) fn compile_cached(
     engine: &Engine,
