@@ -251,14 +251,22 @@ mod tests {
         // Held here, as a process compiling the component would hold it.
         let held = lock_entry(&path).unwrap();
         assert!(lock_file.exists());
+        let started = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let loaders: Vec<_> = (0..3)
             .map(|_| {
                 let (engine, dir) = (engine.clone(), dir.path().to_owned());
+                let started = started.clone();
                 std::thread::spawn(move || {
+                    started.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     compile_cached(&engine, Some(&dir), None, EMPTY_COMPONENT, hash).map(|_| ())
                 })
             })
             .collect();
+        // Every loader is past its first look at the cache and waiting on the lock well
+        // before the lock is let go, however busy the machine.
+        while started.load(std::sync::atomic::Ordering::SeqCst) < 3 {
+            std::thread::yield_now();
+        }
         std::thread::sleep(Duration::from_millis(300));
         assert!(
             loaders.iter().all(|l| !l.is_finished()),
