@@ -35,17 +35,24 @@ fn timed_build_python(file: &Path, out: &Path) -> (Output, Duration) {
 fn build_python_with(file: &Path, out: &Path, cache: &Path, extra: &[&str]) -> (Output, Duration) {
     let _one = BUILDS.lock().unwrap_or_else(|e| e.into_inner());
     let started = Instant::now();
-    let output = Command::new(statebox_bin())
-        .arg("build-python")
+    let output = build_python_command(file, out, cache, extra)
+        .output()
+        .expect("spawn statebox");
+    (output, started.elapsed())
+}
+
+/// The command line of `statebox build-python FILE [EXTRA…] -o OUT` with the cache in
+/// `cache`.
+fn build_python_command(file: &Path, out: &Path, cache: &Path, extra: &[&str]) -> Command {
+    let mut cmd = Command::new(statebox_bin());
+    cmd.arg("build-python")
         .arg(file)
         .args(extra)
         .arg("-o")
         .arg(out)
         .env("STATEBOX_CACHE_DIR", cache)
-        .stdin(Stdio::null())
-        .output()
-        .expect("spawn statebox");
-    (output, started.elapsed())
+        .stdin(Stdio::null());
+    cmd
 }
 
 fn text(output: &Output) -> String {
@@ -273,13 +280,7 @@ fn concurrent_builds_of_a_processor_build_it_once() {
     let _one = BUILDS.lock().unwrap_or_else(|e| e.into_inner());
     let builds: Vec<_> = (0..2)
         .map(|n| {
-            Command::new(statebox_bin())
-                .arg("build-python")
-                .arg(&file)
-                .arg("-o")
-                .arg(dir.path().join(format!("{n}.wasm")))
-                .env("STATEBOX_CACHE_DIR", &cache)
-                .stdin(Stdio::null())
+            build_python_command(&file, &dir.path().join(format!("{n}.wasm")), &cache, &[])
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
