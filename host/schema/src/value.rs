@@ -92,8 +92,9 @@ impl Schema {
 /// accepts: an integer (see [`plain_integer_fits`]), or an object of a struct's fields with
 /// flat values (see [`plain_struct_fits`]). Every state write and every emitted row is
 /// validated, mostly such texts, for which the full pass costs several hundred instructions
-/// to over a thousand (README, "Plain values validated without a parser"). A text this does
-/// not take goes to the full pass, which gives the verdict and the error: this never rejects.
+/// to over a thousand (`bench/HISTORY.md`, "Plain values validated without a parser"). A
+/// text this does not take goes to the full pass, which gives the verdict and the error:
+/// this never rejects.
 pub(crate) fn plain_fits(ty: &DataType, json: &str) -> bool {
     match ty {
         DataType::Struct(st) => plain_struct_fits(st, json.as_bytes()),

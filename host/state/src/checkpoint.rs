@@ -800,10 +800,10 @@ fn next_key(run: &std::vec::IntoIter<WriteOp>) -> Option<&[u8]> {
 /// operations (56 bytes each, ~22 MiB) per batch of the counter workload. Allocating it
 /// anew at every commit (its pages faulted in again) and emptying it on the committing
 /// thread (freeing each operation's key and value) made the counter's commit about a third
-/// longer (README, "The commit's operation list, kept between commits"); it is now emptied
-/// on a thread of its own after the write. What is kept is about the last commit's size: a
-/// list more than twice as long as that commit needed is shrunk, so a checkpoint that
-/// committed one large batch does not keep its room forever.
+/// longer (`bench/HISTORY.md`, "The commit's operation list, kept between commits"); it is
+/// now emptied on a thread of its own after the write. What is kept is about the last
+/// commit's size: a list more than twice as long as that commit needed is shrunk, so a
+/// checkpoint that committed one large batch does not keep its room forever.
 #[derive(Clone, Default)]
 struct Spare(Arc<Mutex<Vec<WriteOp>>>);
 

@@ -5,8 +5,9 @@
 //! A memtable write inserts every operation into a skiplist on the committing thread, and
 //! RocksDB then flushes the memtable into a table file on a thread of its own: the batch is
 //! sorted and encoded twice. A commit's operations come sorted from the partitions
-//! (README, "A commit's writes as table files"), so writing them straight into table files
-//! does that work once, split across the cores, and the write-ahead log is not written.
+//! (`bench/HISTORY.md`, "A commit's writes as table files"), so writing them straight into
+//! table files does that work once, split across the cores, and the write-ahead log is not
+//! written.
 //!
 //! The change log's keys only grow (they start with the batch), so a commit's change log is
 //! a file of its own ([`split`]'s `apart`): its key range overlaps nothing stored, and

@@ -275,7 +275,7 @@ impl<V: Default> PrefixMap<V> {
 /// the items are then moved into that order once. Sealing a batch sorts one entry per
 /// variable and grouping key written (~75k a partition in the counter workload), and
 /// sorting those in place moved ~70-byte entries at every swap and compared four words and
-/// the lengths each time (README, "Seal sorts by index").
+/// the lengths each time (`bench/HISTORY.md`, "Seal sorts by index").
 pub(crate) fn sort_by_bytes<T>(mut items: Vec<T>, key: impl Fn(&T) -> &[u8]) -> Vec<T> {
     let Ok(len) = u32::try_from(items.len()) else {
         items.sort_by(|a, b| key(a).cmp(key(b)));

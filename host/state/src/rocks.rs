@@ -45,8 +45,8 @@ const BLOOM_BITS_PER_KEY: f64 = 10.0;
 /// file per core, and while the state fits in one level each compaction of level 0
 /// rewrites all of it: at 16 files that happens half as often as at 8. A point read that
 /// misses the state cache probes the bloom filter of each level-0 file, twice as many on
-/// average; past the cache the runs measured no slower (README, "Level 0 compacted at 16
-/// files").
+/// average; past the cache the runs measured no slower (`bench/HISTORY.md`, "Level 0
+/// compacted at 16 files").
 const LEVEL0_COMPACTION_TRIGGER: i32 = 16;
 
 /// Level-0 files at which RocksDB slows writes down (2.5 times the trigger, as its default
@@ -302,14 +302,14 @@ static CACHES: std::sync::Mutex<[Option<Cache>; 2]> = std::sync::Mutex::new([Non
 /// RocksDB's own setting (`lower_thread_pool_cpu_priority`) stops at nice 19, which still
 /// counts as a busy core when the kernel places a thread that wakes or starts: in a trace of
 /// `bench ttl`, a batch's two workers started while a compaction ran at nice 19 shared one
-/// core for about 100 ms while the compaction had the other (README, "Compactions in
-/// SCHED_IDLE"). A core that runs only `SCHED_IDLE` threads counts as idle there, and such
-/// a thread has a fifth of a nice-19 thread's share of a contended core. That shortens the
-/// workers' waits without ending them (a started thread can still share its starter's core
-/// until the load balancer moves it): in one 40-batch run of `bench ttl` they waited 1.53 s
-/// for a core in all, against 1.79 s with compactions at nice 19. Not setting
-/// RocksDB's priority matters too: a pool thread applies it at its next job, and that would
-/// put the thread back in the normal class.
+/// core for about 100 ms while the compaction had the other (`bench/HISTORY.md`,
+/// "Compactions in SCHED_IDLE"). A core that runs only `SCHED_IDLE` threads counts as idle
+/// there, and such a thread has a fifth of a nice-19 thread's share of a contended core.
+/// That shortens the workers' waits without ending them (a started thread can still share
+/// its starter's core until the load balancer moves it): in one 40-batch run of `bench ttl`
+/// they waited 1.53 s for a core in all, against 1.79 s with compactions at nice 19. Not
+/// setting RocksDB's priority matters too: a pool thread applies it at its next job, and
+/// that would put the thread back in the normal class.
 ///
 /// A compaction starved for long lets level-0 files pile up until RocksDB slows the writes,
 /// which frees the CPU it needs. Flushes run in the other pool and keep the process's
