@@ -1,12 +1,15 @@
 //! The state memory budget (issue 15): `--state-memory` bounds what a query's state holds in
 //! memory (state cache, RocksDB block cache and memtables), so the process's peak resident
 //! memory stays under the budget plus a fixed overhead however many keys the state has; a
-//! bad budget is refused naming the flag.
+//! bad budget is refused naming the flag. The batch in flight, which the budget does not
+//! count, is bounded by the input a batch reads: `--max-bytes-per-batch` cuts even a single
+//! file into batches.
 
+use std::collections::BTreeMap;
 use std::process::Command;
 
-use serde_json::Value;
-use statebox_tests::{Scratch, guests, statebox_bin};
+use serde_json::{Value, json};
+use statebox_tests::{Scratch, StateboxRun, guests, statebox_bin};
 
 /// What the process holds besides the budget in these runs, in MiB: code (~60 MiB resident),
 /// the batch in flight (40,000 rows, their overlays, change log and write batch), RocksDB's
@@ -149,4 +152,78 @@ fn a_bad_state_memory_is_refused_naming_the_flag() {
         .run()
         .expect_ok();
     assert_eq!(scratch.output_rows().len(), 1);
+}
+
+/// `--max-bytes-per-batch` reads one file over several batches, each cut at a line boundary
+/// within the bound, and every row is counted once; a bad bound, or one on a Kafka input
+/// (which `--max-records-per-batch` bounds), is refused naming the flag.
+#[test]
+fn a_byte_bound_reads_one_file_over_several_batches() {
+    let scratch = Scratch::new();
+    // 60 lines of 19 bytes (`{"i":100,"k":"k2"}` and its newline); 7 keys.
+    let rows: Vec<Value> = (100..160)
+        .map(|i| json!({"k": format!("k{}", i % 7), "i": i}))
+        .collect();
+    scratch.write_rows("a.jsonl", &rows);
+    assert_eq!(
+        std::fs::metadata(scratch.input().join("a.jsonl"))
+            .unwrap()
+            .len(),
+        60 * 19
+    );
+    // 200 bytes: ten whole lines a batch (190 bytes), so six batches.
+    let stderr = scratch
+        .run_cmd(guests::COUNTER, "k")
+        .args(["--max-bytes-per-batch=200"])
+        .run()
+        .expect_ok();
+    let batches: Vec<u64> = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("batch "))
+        .map(|l| {
+            let rows = l.split(": ").nth(1).and_then(|r| r.split(' ').next());
+            rows.and_then(|r| r.parse().ok())
+                .unwrap_or_else(|| panic!("a batch line: {l}"))
+        })
+        .collect();
+    assert_eq!(batches, [10; 6], "{stderr}");
+    // The counter emits each key's rows of a call: over all batches, every key's rows.
+    let mut counted: BTreeMap<String, i64> = BTreeMap::new();
+    for row in scratch.output_rows() {
+        *counted
+            .entry(row["key"].as_str().unwrap().to_owned())
+            .or_default() += row["count"].as_i64().unwrap();
+    }
+    let mut want: BTreeMap<String, i64> = BTreeMap::new();
+    for i in 100..160 {
+        *want.entry(format!("k{}", i % 7)).or_default() += 1;
+    }
+    assert_eq!(counted, want);
+
+    let fresh = Scratch::new();
+    fresh.write_rows("a.jsonl", &rows);
+    for (bound, says) in [("0", "at least 1 byte"), ("2 parsecs", "is not a size")] {
+        let out = fresh
+            .run_cmd(guests::COUNTER, "k")
+            .args([format!("--max-bytes-per-batch={bound}")])
+            .run();
+        assert_eq!(out.code, Some(2), "{}", out.stderr);
+        assert!(
+            out.stderr.contains("--max-bytes-per-batch") && out.stderr.contains(says),
+            "{}",
+            out.stderr
+        );
+    }
+    let message = StateboxRun::new(guests::COUNTER)
+        .args(["--input", "kafka://127.0.0.1:9/events"])
+        .args(["--output".as_ref(), fresh.output().as_os_str()])
+        .args(["--checkpoint".as_ref(), fresh.checkpoint().as_os_str()])
+        .args(["--key", "k", "--max-bytes-per-batch", "1MiB"])
+        .run()
+        .expect_error(&[
+            "--max-bytes-per-batch bounds a file input",
+            "--max-records-per-batch",
+        ]);
+    assert!(!message.is_empty());
+    assert!(!fresh.checkpoint().exists(), "nothing was opened");
 }

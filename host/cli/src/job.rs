@@ -280,8 +280,9 @@ fn plan(
     };
 
     // The source first: a source Statebox cannot read stops the job before the build.
-    let kafka = match q.source.format.as_str() {
+    let source_flags = match q.source.format.as_str() {
         "kafka" => kafka_flags(q)?,
+        "json" => file_flags(&q.source)?,
         _ => Vec::new(),
     };
     let input = match q.source.format.as_str() {
@@ -308,16 +309,8 @@ fn plan(
     let wasm = crate::python::build(script, &options)?;
     arg("--processor", &wasm.display().to_string());
     arg("--input", &input);
-    if q.source.format == "kafka" {
-        for (flag, value) in kafka {
-            arg(flag, &value);
-        }
-    } else if let Some(n) = option(&q.source.options, "maxFilesPerTrigger") {
-        arg("--max-files-per-batch", &n);
-    } else if q.source.format == "json" {
-        // Spark reads every available file in one batch unless maxFilesPerTrigger says
-        // otherwise.
-        arg("--max-files-per-batch", &usize::MAX.to_string());
+    for (flag, value) in source_flags {
+        arg(flag, &value);
     }
     arg("--key", &q.key.join(","));
 
@@ -443,6 +436,29 @@ fn plan(
     Ok((argv, console))
 }
 
+/// The flags of a file source's limits, as Spark's file source reads them:
+/// `maxFilesPerTrigger` (`--max-files-per-batch`) or `maxBytesPerTrigger`
+/// (`--max-bytes-per-batch`), not both; without either, every available file in one batch.
+fn file_flags(source: &Source) -> anyhow::Result<Vec<(&'static str, String)>> {
+    let files = option(&source.options, "maxFilesPerTrigger");
+    let bytes = option(&source.options, "maxBytesPerTrigger");
+    if files.is_some() && bytes.is_some() {
+        bail!(
+            "{}: maxFilesPerTrigger and maxBytesPerTrigger cannot both be set (as in Spark): \
+             keep one",
+            source.at
+        );
+    }
+    let mut flags = vec![(
+        "--max-files-per-batch",
+        files.unwrap_or_else(|| usize::MAX.to_string()),
+    )];
+    if let Some(bytes) = bytes {
+        flags.push(("--max-bytes-per-batch", bytes));
+    }
+    Ok(flags)
+}
+
 /// A Kafka source option the query needs.
 fn kafka_option(q: &RecordedQuery, name: &str) -> anyhow::Result<String> {
     option(&q.source.options, name)
@@ -498,5 +514,50 @@ fn shell_word(s: &str) -> String {
         s.to_owned()
     } else {
         format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn json_source(options: Value) -> Source {
+        serde_json::from_value(serde_json::json!({
+            "format": "json",
+            "options": options,
+            "path": "input",
+            "at": "job.py:12",
+        }))
+        .expect("a recorded source")
+    }
+
+    #[test]
+    fn a_file_sources_limits_map_to_the_batch_flags() {
+        let flags = |options| file_flags(&json_source(options));
+        let all = usize::MAX.to_string();
+        assert_eq!(
+            flags(serde_json::json!({})).unwrap(),
+            [("--max-files-per-batch", all.clone())]
+        );
+        assert_eq!(
+            flags(serde_json::json!({"maxFilesPerTrigger": 2})).unwrap(),
+            [("--max-files-per-batch", "2".to_owned())]
+        );
+        // Any case, as Spark's options; the bytes bound leaves the file count unbounded.
+        assert_eq!(
+            flags(serde_json::json!({"maxbytespertrigger": "1048576"})).unwrap(),
+            [
+                ("--max-files-per-batch", all),
+                ("--max-bytes-per-batch", "1048576".to_owned())
+            ]
+        );
+        let e = flags(serde_json::json!({"maxFilesPerTrigger": 1, "maxBytesPerTrigger": 64}))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("job.py:12: "), "{e}");
+        assert!(
+            e.contains("maxFilesPerTrigger and maxBytesPerTrigger cannot both be set"),
+            "{e}"
+        );
     }
 }

@@ -81,6 +81,11 @@ impl<'a> Wiring<'a> {
     }
 }
 
+/// Whether `path` names a Kafka topic (`kafka://`) rather than a folder of files.
+pub(crate) fn is_kafka(path: &std::path::Path) -> anyhow::Result<bool> {
+    Ok(KafkaUrl::parse(&path.to_string_lossy())?.is_some())
+}
+
 /// The engine endpoints for `kafka://` inputs and outputs (none for files), refusing
 /// Kafka settings without a Kafka input or output.
 pub(crate) fn endpoints(args: &KafkaArgs, w: Wiring<'_>) -> anyhow::Result<Endpoints> {

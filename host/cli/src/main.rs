@@ -114,6 +114,12 @@ struct RunArgs {
     /// Files read per micro-batch.
     #[arg(long, default_value_t = 1)]
     max_files_per_batch: usize,
+    /// Input bytes read per micro-batch at most, e.g. `64MiB` (as Spark's
+    /// `maxBytesPerTrigger`; default: unbounded). A file with more unread bytes is cut at a
+    /// line boundary and read on by the next batches; a line longer than this is read
+    /// whole. Bounds the batch in flight, which `--state-memory` does not count.
+    #[arg(long, value_name = "SIZE", value_parser = parse_batch_bytes)]
+    max_bytes_per_batch: Option<u64>,
     /// Memory for the query's state, e.g. `512MiB`, `2GiB`: split between the state cache,
     /// RocksDB's block cache (index and filter blocks included) and its memtables. Not
     /// counted: the batch in flight, the processor's WebAssembly memory, code. With
@@ -409,6 +415,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         output_mode: args.output_mode,
         time_mode: args.time_mode,
         max_files_per_batch: args.max_files_per_batch,
+        max_bytes_per_batch: args.max_bytes_per_batch.unwrap_or(u64::MAX),
         state_cache_bytes: Some(args.state_memory.cache_bytes),
         event_time: args.event_time.clone().map(|column| EventTimeOptions {
             column,
@@ -425,6 +432,12 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             args.key.clone(),
         )
     };
+    if args.max_bytes_per_batch.is_some() && kafka::is_kafka(&opts.input)? {
+        anyhow::bail!(
+            "--max-bytes-per-batch bounds a file input; a Kafka input's batches are bounded \
+             by --max-records-per-batch"
+        );
+    }
     let bounded = matches!(args.trigger, Trigger::AvailableNow);
     kafka::check_output_key(
         &args.kafka,
@@ -598,6 +611,14 @@ pub(crate) fn parse_state_memory(s: &str) -> Result<statebox_state::StateMemory,
     statebox_state::StateMemory::parse(s).map_err(|e| e.to_string())
 }
 
+/// Parses `--max-bytes-per-batch`: a size of at least one byte.
+fn parse_batch_bytes(s: &str) -> Result<u64, String> {
+    match statebox_state::memory::parse_size(s).map_err(|e| e.to_string())? {
+        0 => Err("a batch must be allowed at least 1 byte".into()),
+        n => Ok(n as u64),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -629,6 +650,35 @@ mod tests {
         assert!(e.contains("--state-memory"), "{e}");
         assert!(e.contains("`a lot` is not a size"), "{e}");
         run("1GiB").unwrap();
+    }
+
+    #[test]
+    fn max_bytes_per_batch_takes_a_size_of_at_least_one_byte() {
+        use clap::Parser;
+        let run = |bytes: &str| {
+            Cli::try_parse_from([
+                "statebox",
+                "run",
+                "--processor=p.wasm",
+                "--input=in",
+                "--output=out",
+                "--checkpoint=cp",
+                "--key=k",
+                &format!("--max-bytes-per-batch={bytes}"),
+            ])
+            .map_err(|e| e.to_string())
+        };
+        let bytes = |bytes: &str| match run(bytes).expect("parses").command {
+            Command::Run(args) => args.max_bytes_per_batch,
+            _ => unreachable!("a run"),
+        };
+        assert_eq!(bytes("64MiB"), Some(64 << 20));
+        assert_eq!(bytes("1000"), Some(1000));
+        for (bad, why) in [("0", "at least 1 byte"), ("lots", "`lots` is not a size")] {
+            let e = run(bad).map(|_| ()).unwrap_err();
+            assert!(e.contains("--max-bytes-per-batch"), "{e}");
+            assert!(e.contains(why), "{e}");
+        }
     }
 
     #[test]
