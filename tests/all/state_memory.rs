@@ -155,8 +155,8 @@ fn a_bad_state_memory_is_refused_naming_the_flag() {
 }
 
 /// `--max-bytes-per-batch` reads one file over several batches, each cut at a line boundary
-/// within the bound, and every row is counted once; a bad bound, or one on a Kafka input
-/// (which `--max-records-per-batch` bounds), is refused naming the flag.
+/// within the bound, and every row is counted once; a bound on a Kafka input (which
+/// `--max-records-per-batch` bounds) is refused naming the flag.
 #[test]
 fn a_byte_bound_reads_one_file_over_several_batches() {
     let scratch = Scratch::new();
@@ -200,21 +200,9 @@ fn a_byte_bound_reads_one_file_over_several_batches() {
     }
     assert_eq!(counted, want);
 
+    // (A bound of 0 or a non-size is a usage error: the CLI's unit tests.)
     let fresh = Scratch::new();
-    fresh.write_rows("a.jsonl", &rows);
-    for (bound, says) in [("0", "at least 1 byte"), ("2 parsecs", "is not a size")] {
-        let out = fresh
-            .run_cmd(guests::COUNTER, "k")
-            .args([format!("--max-bytes-per-batch={bound}")])
-            .run();
-        assert_eq!(out.code, Some(2), "{}", out.stderr);
-        assert!(
-            out.stderr.contains("--max-bytes-per-batch") && out.stderr.contains(says),
-            "{}",
-            out.stderr
-        );
-    }
-    let message = StateboxRun::new(guests::COUNTER)
+    StateboxRun::new(guests::COUNTER)
         .args(["--input", "kafka://127.0.0.1:9/events"])
         .args(["--output".as_ref(), fresh.output().as_os_str()])
         .args(["--checkpoint".as_ref(), fresh.checkpoint().as_os_str()])
@@ -224,6 +212,5 @@ fn a_byte_bound_reads_one_file_over_several_batches() {
             "--max-bytes-per-batch bounds a file input",
             "--max-records-per-batch",
         ]);
-    assert!(!message.is_empty());
     assert!(!fresh.checkpoint().exists(), "nothing was opened");
 }

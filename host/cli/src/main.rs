@@ -623,23 +623,25 @@ fn parse_batch_bytes(s: &str) -> Result<u64, String> {
 mod tests {
     use super::*;
 
+    /// `statebox run`'s command line with its required flags and `flag`, parsed.
+    fn parse_run(flag: &str) -> Result<Cli, String> {
+        use clap::Parser;
+        Cli::try_parse_from([
+            "statebox",
+            "run",
+            "--processor=p.wasm",
+            "--input=in",
+            "--output=out",
+            "--checkpoint=cp",
+            "--key=k",
+            flag,
+        ])
+        .map_err(|e| e.to_string())
+    }
+
     #[test]
     fn a_bad_state_memory_is_refused_naming_the_flag() {
-        use clap::Parser;
-        let run = |memory: &str| {
-            Cli::try_parse_from([
-                "statebox",
-                "run",
-                "--processor=p.wasm",
-                "--input=in",
-                "--output=out",
-                "--checkpoint=cp",
-                "--key=k",
-                &format!("--state-memory={memory}"),
-            ])
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-        };
+        let run = |memory: &str| parse_run(&format!("--state-memory={memory}")).map(|_| ());
         let e = run("8MiB").unwrap_err();
         assert!(e.contains("--state-memory"), "{e}");
         assert!(
@@ -654,20 +656,7 @@ mod tests {
 
     #[test]
     fn max_bytes_per_batch_takes_a_size_of_at_least_one_byte() {
-        use clap::Parser;
-        let run = |bytes: &str| {
-            Cli::try_parse_from([
-                "statebox",
-                "run",
-                "--processor=p.wasm",
-                "--input=in",
-                "--output=out",
-                "--checkpoint=cp",
-                "--key=k",
-                &format!("--max-bytes-per-batch={bytes}"),
-            ])
-            .map_err(|e| e.to_string())
-        };
+        let run = |bytes: &str| parse_run(&format!("--max-bytes-per-batch={bytes}"));
         let bytes = |bytes: &str| match run(bytes).expect("parses").command {
             Command::Run(args) => args.max_bytes_per_batch,
             _ => unreachable!("a run"),
