@@ -177,16 +177,7 @@ fn a_byte_bound_reads_one_file_over_several_batches() {
         .args(["--max-bytes-per-batch=200"])
         .run()
         .expect_ok();
-    let batches: Vec<u64> = stderr
-        .lines()
-        .filter_map(|l| l.strip_prefix("batch "))
-        .map(|l| {
-            let rows = l.split(": ").nth(1).and_then(|r| r.split(' ').next());
-            rows.and_then(|r| r.parse().ok())
-                .unwrap_or_else(|| panic!("a batch line: {l}"))
-        })
-        .collect();
-    assert_eq!(batches, [10; 6], "{stderr}");
+    assert_eq!(batch_rows(&stderr), [10; 6], "{stderr}");
     // The counter emits each key's rows of a call: over all batches, every key's rows.
     let mut counted: BTreeMap<String, i64> = BTreeMap::new();
     for row in scratch.output_rows() {
@@ -199,6 +190,24 @@ fn a_byte_bound_reads_one_file_over_several_batches() {
         *want.entry(format!("k{}", i % 7)).or_default() += 1;
     }
     assert_eq!(counted, want);
+
+    // Many small files of 190 bytes: a byte bound alone reads on across them (400 bytes: two
+    // files and a line of the third, then the rest), and --max-files-per-batch still bounds
+    // the files.
+    for (files, want) in [(None, vec![21, 21, 18]), (Some("1"), vec![10; 6])] {
+        let scratch = Scratch::new();
+        for (n, part) in rows.chunks(10).enumerate() {
+            scratch.write_rows(&format!("part-{n}.jsonl"), part);
+        }
+        let mut run = scratch
+            .run_cmd(guests::COUNTER, "k")
+            .args(["--max-bytes-per-batch=400"]);
+        if let Some(files) = files {
+            run = run.args(["--max-files-per-batch", files]);
+        }
+        let stderr = run.run().expect_ok();
+        assert_eq!(batch_rows(&stderr), want, "{stderr}");
+    }
 
     // (A bound of 0 or a non-size is a usage error: the CLI's unit tests.)
     let fresh = Scratch::new();
@@ -213,4 +222,17 @@ fn a_byte_bound_reads_one_file_over_several_batches() {
             "--max-records-per-batch",
         ]);
     assert!(!fresh.checkpoint().exists(), "nothing was opened");
+}
+
+/// The input rows of each batch, from `statebox run`'s `batch N: R rows ...` lines.
+fn batch_rows(stderr: &str) -> Vec<u64> {
+    stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("batch "))
+        .map(|l| {
+            let rows = l.split(": ").nth(1).and_then(|r| r.split(' ').next());
+            rows.and_then(|r| r.parse().ok())
+                .unwrap_or_else(|| panic!("a batch line: {l}"))
+        })
+        .collect()
 }

@@ -111,13 +111,14 @@ struct RunArgs {
     /// Time mode: none, processing-time or event-time (fixed per checkpoint; default none).
     #[arg(long)]
     time_mode: Option<TimeMode>,
-    /// Files read per micro-batch.
-    #[arg(long, default_value_t = 1)]
-    max_files_per_batch: usize,
+    /// Files read per micro-batch (default 1; with --max-bytes-per-batch, as many as fit).
+    #[arg(long)]
+    max_files_per_batch: Option<usize>,
     /// Input bytes read per micro-batch at most, e.g. `64MiB` (as Spark's
     /// `maxBytesPerTrigger`; default: unbounded). A file with more unread bytes is cut at a
     /// line boundary and read on by the next batches; a line longer than this is read
-    /// whole. Bounds the batch in flight, which `--state-memory` does not count.
+    /// whole; without --max-files-per-batch a batch reads as many files as fit. Bounds the
+    /// batch in flight, which `--state-memory` does not count.
     #[arg(long, value_name = "SIZE", value_parser = parse_batch_bytes)]
     max_bytes_per_batch: Option<u64>,
     /// Memory for the query's state, e.g. `512MiB`, `2GiB`: split between the state cache,
@@ -414,7 +415,13 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         partitions: args.partitions,
         output_mode: args.output_mode,
         time_mode: args.time_mode,
-        max_files_per_batch: args.max_files_per_batch,
+        // A byte bound alone sizes batches by bytes, as Spark's maxBytesPerTrigger does.
+        max_files_per_batch: args
+            .max_files_per_batch
+            .unwrap_or(match args.max_bytes_per_batch {
+                Some(_) => usize::MAX,
+                None => 1,
+            }),
         max_bytes_per_batch: args.max_bytes_per_batch.unwrap_or(u64::MAX),
         state_cache_bytes: Some(args.state_memory.cache_bytes),
         event_time: args.event_time.clone().map(|column| EventTimeOptions {
