@@ -155,8 +155,9 @@ fn a_bad_state_memory_is_refused_naming_the_flag() {
 }
 
 /// `--max-bytes-per-batch` reads one file over several batches, each cut at a line boundary
-/// within the bound, and every row is counted once; a bound on a Kafka input (which
-/// `--max-records-per-batch` bounds) is refused naming the flag.
+/// within the bound, and every row is counted once; without `--max-files-per-batch` it reads
+/// on across small files; a bound on a Kafka input (which `--max-records-per-batch` bounds)
+/// is refused naming the flag.
 #[test]
 fn a_byte_bound_reads_one_file_over_several_batches() {
     let scratch = Scratch::new();
