@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::process::Command;
 
 use serde_json::{Value, json};
+use statebox_engine::StateReader;
 use statebox_tests::{Scratch, StateboxRun, guests, statebox_bin};
 
 /// What the process holds besides the budget in these runs, in MiB: code (~60 MiB resident),
@@ -178,7 +179,7 @@ fn a_byte_bound_reads_one_file_over_several_batches() {
         .args(["--max-bytes-per-batch=200"])
         .run()
         .expect_ok();
-    assert_eq!(batch_rows(&stderr), [10; 6], "{stderr}");
+    assert_eq!(batch_rows(&scratch), [10; 6], "{stderr}");
     // The counter emits each key's rows of a call: over all batches, every key's rows.
     let mut counted: BTreeMap<String, i64> = BTreeMap::new();
     for row in scratch.output_rows() {
@@ -207,7 +208,7 @@ fn a_byte_bound_reads_one_file_over_several_batches() {
             run = run.args(["--max-files-per-batch", files]);
         }
         let stderr = run.run().expect_ok();
-        assert_eq!(batch_rows(&stderr), want, "{stderr}");
+        assert_eq!(batch_rows(&scratch), want, "{stderr}");
     }
 
     // (A bound of 0 or a non-size is a usage error: the CLI's unit tests.)
@@ -225,15 +226,13 @@ fn a_byte_bound_reads_one_file_over_several_batches() {
     assert!(!fresh.checkpoint().exists(), "nothing was opened");
 }
 
-/// The input rows of each batch, from `statebox run`'s `batch N: R rows ...` lines.
-fn batch_rows(stderr: &str) -> Vec<u64> {
-    stderr
-        .lines()
-        .filter_map(|l| l.strip_prefix("batch "))
-        .map(|l| {
-            let rows = l.split(": ").nth(1).and_then(|r| r.split(' ').next());
-            rows.and_then(|r| r.parse().ok())
-                .unwrap_or_else(|| panic!("a batch line: {l}"))
-        })
+/// The input rows of each committed batch of the scratch's checkpoint, oldest first.
+fn batch_rows(scratch: &Scratch) -> Vec<u64> {
+    StateReader::open(&scratch.checkpoint())
+        .expect("open the checkpoint")
+        .progress(usize::MAX)
+        .expect("read its progress")
+        .iter()
+        .map(|batch| batch.commit.input_rows)
         .collect()
 }
