@@ -165,6 +165,43 @@ class JobTest(unittest.TestCase):
             df.withWatermark("ts", "10 seconds").watermark, {"column": "ts", "delay_ms": 10000}
         )
 
+    def test_a_json_sources_options_are_read_or_refused_by_name(self):
+        spark = _job.SparkSession.builder.getOrCreate()
+        # The path as an option, as Spark takes it; and options with the values Statebox
+        # reads by, in any case.
+        df = (
+            spark.readStream.format("json")
+            .option("PATH", "in")
+            .option("multiLine", False)
+            .option("latestFirst", "false")
+            .option("mode", "FAILFAST")
+            .option("maxBytesPerTrigger", "1m")
+            .load()
+        )
+        self.assertEqual(df.source["path"], "in")
+        self.assertEqual(spark.read.json("init", multiLine=None).source["options"], {})
+        self.assertEqual(spark.read.option("path", "init").json(None).source["path"], "init")
+        refused = [
+            (lambda: spark.readStream.option("samplingRatio", 0.5).json("in"),
+             r"spark.readStream JSON option 'samplingRatio' is not supported"),
+            (lambda: spark.readStream.json("in", multiLine=True),
+             r"spark.readStream JSON option multiLine=True is not supported by Statebox: "
+             r"Statebox reads it as multiLine='false' only"),
+            (lambda: spark.read.option("mode", "PERMISSIVE").json("init"),
+             r"spark.read JSON option mode='PERMISSIVE' is not supported"),
+            (lambda: spark.readStream.option("latestFirst", "true").json("in"),
+             r"option latestFirst='true'"),
+            (lambda: spark.readStream.option("path", "a").format("json").load("b"),
+             r"both option 'path' and a load path is not supported by Statebox: give the "
+             r"path once"),
+        ]
+        for call, message in refused:
+            with self.assertRaisesRegex(_job.UnsupportedCall, message):
+                call()
+        # A Kafka source's options are the host's to check (with their own messages).
+        kafka = spark.readStream.format("kafka").option("subscribe", "t").load()
+        self.assertEqual(kafka.source["options"], {"subscribe": "t"})
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -362,16 +362,62 @@ class _Reader(_Strict):
                 f"{self._what}.format({fmt!r})",
                 "Statebox reads JSON Lines files and Kafka topics",
             )
+        if fmt == "json":
+            path = self._json_path(path)
         if path is not None:
             self.spec["path"] = str(path)
         self.spec["format"] = fmt
         self.spec["at"] = _caller()
         return DataFrame(source=dict(self.spec), streaming=self.streaming)
 
+    # The JSON source's options Statebox reads, by lower-case name, and for each the values
+    # it accepts (None: any). Spark reads JSON Lines, newest files not first, and a query
+    # stops at a malformed row only under mode FAILFAST: those are what Statebox does, so
+    # other values, and other options, would silently mean something else.
+    _JSON_OPTIONS = {
+        "path": None,
+        "maxfilespertrigger": None,
+        "maxbytespertrigger": None,
+        "multiline": ("false",),
+        "latestfirst": ("false",),
+        "mode": ("failfast",),
+    }
+
+    def _json_path(self, path):
+        """Checks a JSON source's options and returns its path: the argument of ``load``
+        or ``json``, or option ``path`` (not both, as in Spark)."""
+        option_path = None
+        for name, value in self.spec["options"].items():
+            lower = name.lower()
+            if lower not in self._JSON_OPTIONS:
+                _unsupported(
+                    f"{self._what} JSON option {name!r}",
+                    "it reads path, maxFilesPerTrigger, maxBytesPerTrigger, and "
+                    "multiLine=false, latestFirst=false, mode=FAILFAST (a malformed row "
+                    "stops the query)",
+                )
+            accepted = self._JSON_OPTIONS[lower]
+            if accepted is not None and str(value).lower() not in accepted:
+                _unsupported(
+                    f"{self._what} JSON option {name}={value!r}",
+                    f"Statebox reads it as {name}={accepted[0]!r} only",
+                )
+            if lower == "path":
+                option_path = value
+        if option_path is not None:
+            if path is not None:
+                _unsupported(
+                    f"{self._what} with both option 'path' and a load path",
+                    "give the path once",
+                )
+            path = option_path
+        return path
+
     def json(self, path, schema=None, **options):
         if schema is not None:
             self.schema(schema)
-        self.options(**options)
+        # As PySpark, a keyword left None sets no option.
+        self.options(**{k: v for k, v in options.items() if v is not None})
         self.spec["format"] = "json"
         return self.load(path)
 
