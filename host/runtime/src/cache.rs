@@ -37,12 +37,17 @@ pub(crate) fn compile_cached(
     hash: &str,
 ) -> Result<Component, LoadError> {
     let cached = cache_dir.map(|dir| dir.join(format!("{hash}.cwasm")));
-    if let Some(component) = cached.as_deref().and_then(|path| read_cached(engine, path)) {
+    let first = cached.as_deref().map(|path| read_cached(engine, path));
+    if let Some(Cached::Usable(component)) = first {
         return Ok(component);
     }
     let lock = cached.as_deref().and_then(lock_entry);
+    // Another loader may have made the entry while this one waited for the lock; an
+    // unusable one (already warned about) is compiled again and replaced.
     if lock.is_some()
-        && let Some(component) = cached.as_deref().and_then(|path| read_cached(engine, path))
+        && matches!(first, Some(Cached::Absent))
+        && let Some(Cached::Usable(component)) =
+            cached.as_deref().map(|path| read_cached(engine, path))
     {
         return Ok(component);
     }
@@ -67,10 +72,19 @@ pub(crate) fn compile_cached(
     Ok(component)
 }
 
+/// What the cache holds at a path.
+enum Cached {
+    Absent,
+    /// A file wasmtime does not take (from another engine version or configuration, or
+    /// damaged): warned about once, then compiled again over.
+    Unusable,
+    Usable(Component),
+}
+
 /// The component cached at `path`, if there is a usable one (marked used).
-fn read_cached(engine: &Engine, path: &Path) -> Option<Component> {
+fn read_cached(engine: &Engine, path: &Path) -> Cached {
     if !path.exists() {
-        return None;
+        return Cached::Absent;
     }
     // SAFETY: the cache directory holds only artifacts this host compiled itself (written
     // by `compile_cached` under the content hash of the source); wasmtime checks that the
@@ -78,11 +92,16 @@ fn read_cached(engine: &Engine, path: &Path) -> Option<Component> {
     match unsafe { Component::deserialize_file(engine, path) } {
         Ok(component) => {
             mark_used(path);
-            Some(component)
+            Cached::Usable(component)
         }
         Err(e) => {
-            tracing::warn!(error = %e, "ignoring unusable cached component");
-            None
+            #[cfg(test)]
+            tests::UNUSABLE
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(path.to_owned());
+            tracing::warn!(error = %e, path = %path.display(), "ignoring unusable cached component");
+            Cached::Unusable
         }
     }
 }
@@ -227,6 +246,9 @@ mod tests {
     /// The hashes of the components [`compile_cached`] compiled, one per compilation.
     pub(super) static COMPILED: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
+    /// The unusable cache files [`read_cached`] warned about, one per warning.
+    pub(super) static UNUSABLE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
     fn compilations(hash: &str) -> usize {
         COMPILED
             .lock()
@@ -284,6 +306,32 @@ mod tests {
         compile_cached(&engine, Some(dir.path()), None, EMPTY_COMPONENT, hash).unwrap();
         assert_eq!(compilations(hash), 1);
         assert!(!lock_file.exists());
+    }
+
+    /// An unusable cached file is warned about once, compiled over, and read the next time.
+    #[test]
+    fn an_unusable_cached_file_is_warned_about_once_and_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = crate::sandbox::engine().unwrap();
+        let hash = "unusable";
+        let path = dir.path().join(format!("{hash}.cwasm"));
+        std::fs::write(&path, b"not a compiled component").unwrap();
+        let warnings = || {
+            UNUSABLE
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|p| **p == path)
+                .count()
+        };
+        compile_cached(&engine, Some(dir.path()), None, EMPTY_COMPONENT, hash).unwrap();
+        assert_eq!((compilations(hash), warnings()), (1, 1));
+        compile_cached(&engine, Some(dir.path()), None, EMPTY_COMPONENT, hash).unwrap();
+        assert_eq!(
+            (compilations(hash), warnings()),
+            (1, 1),
+            "the replacement is read"
+        );
     }
 
     /// Without a cache nothing is locked: each load compiles.
