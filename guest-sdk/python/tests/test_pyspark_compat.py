@@ -202,6 +202,25 @@ class JobTest(unittest.TestCase):
         kafka = spark.readStream.format("kafka").option("subscribe", "t").load()
         self.assertEqual(kafka.source["options"], {"subscribe": "t"})
 
+    def test_a_source_without_a_format_is_sparks_default_source(self):
+        spark = _job.SparkSession.builder.getOrCreate()
+        # Spark's default source is Parquet, which Statebox does not read.
+        with self.assertRaisesRegex(
+            _job.UnsupportedCall,
+            r"test_pyspark_compat.py:\d+: spark.readStream.load\(\) without a format is not "
+            r"supported by Statebox: Spark would read 'parquet' \(spark.sql.sources.default\)",
+        ):
+            spark.readStream.load("in")
+        with self.assertRaisesRegex(_job.UnsupportedCall, r"spark.read.load\(\) without"):
+            spark.read.option("path", "init").load()
+        # A job that made JSON the default reads JSON, as Spark would.
+        spark.conf.set("spark.sql.sources.default", "JSON")
+        try:
+            self.assertEqual(spark.readStream.load("in").source["format"], "json")
+            self.assertEqual(spark.read.option("path", "init").load().source["path"], "init")
+        finally:
+            spark.conf.unset("spark.sql.sources.default")
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -356,7 +356,17 @@ class _Reader(_Strict):
         return self
 
     def load(self, path=None):
-        fmt = self.spec["format"] or "json"
+        fmt = self.spec["format"]
+        if fmt is None:
+            # As in Spark, a reader given no format reads spark.sql.sources.default's
+            # source: Parquet unless the job set it.
+            fmt = _RECORD["conf"].get("spark.sql.sources.default", "parquet").lower()
+            if fmt not in ("json", "kafka"):
+                _unsupported(
+                    f"{self._what}.load() without a format",
+                    f"Spark would read {fmt!r} (spark.sql.sources.default); Statebox reads "
+                    "JSON Lines files and Kafka topics: give .format(\"json\")",
+                )
         if fmt not in ("json", "kafka"):
             _unsupported(
                 f"{self._what}.format({fmt!r})",
