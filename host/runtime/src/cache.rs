@@ -37,7 +37,8 @@ pub(crate) fn compile_cached(
     hash: &str,
 ) -> Result<Component, LoadError> {
     let cached = cache_dir.map(|dir| dir.join(format!("{hash}.cwasm")));
-    let first = cached.as_deref().map(|path| read_cached(engine, path));
+    let read = || cached.as_deref().map(|path| read_cached(engine, path));
+    let first = read();
     if let Some(Cached::Usable(component)) = first {
         return Ok(component);
     }
@@ -46,8 +47,7 @@ pub(crate) fn compile_cached(
     // unusable one (already warned about) is compiled again and replaced.
     if lock.is_some()
         && matches!(first, Some(Cached::Absent))
-        && let Some(Cached::Usable(component)) =
-            cached.as_deref().map(|path| read_cached(engine, path))
+        && let Some(Cached::Usable(component)) = read()
     {
         return Ok(component);
     }
