@@ -356,18 +356,19 @@ class _Reader(_Strict):
         return self
 
     def load(self, path=None):
-        fmt = self.spec["format"]
-        if fmt is None:
-            # As in Spark, a reader given no format reads spark.sql.sources.default's
-            # source: Parquet unless the job set it.
+        # As in Spark, a reader given no format reads spark.sql.sources.default's source:
+        # Parquet unless the job set it.
+        given = self.spec["format"]
+        fmt = given
+        if given is None:
             fmt = _RECORD["conf"].get("spark.sql.sources.default", "parquet").lower()
-            if fmt not in ("json", "kafka"):
+        if fmt not in ("json", "kafka"):
+            if given is None:
                 _unsupported(
                     f"{self._what}.load() without a format",
                     f"Spark would read {fmt!r} (spark.sql.sources.default); Statebox reads "
                     "JSON Lines files and Kafka topics: give .format(\"json\")",
                 )
-        if fmt not in ("json", "kafka"):
             _unsupported(
                 f"{self._what}.format({fmt!r})",
                 "Statebox reads JSON Lines files and Kafka topics",
