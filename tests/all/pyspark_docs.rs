@@ -584,6 +584,51 @@ fn a_job_with_the_memory_sink_keeps_its_rows_beside_the_checkpoint() {
     }
 }
 
+/// `trigger(once=True)` reads all available input in one batch, as Spark's once trigger
+/// does whatever `maxFilesPerTrigger` says (availableNow keeps to it: three batches here).
+/// The script also groups by `events.id` and waits with `spark.streams.awaitAnyTermination()`.
+/// `count/expected-once.jsonl` is PySpark 4.3's output of this same script
+/// (`spark_compare.py --job` over a copy of `job/` with these edits).
+#[test]
+fn a_job_with_the_once_trigger_runs_one_batch_as_pyspark_does() {
+    let work = tempfile::tempdir().expect("create a temporary directory");
+    let job = count_job_variant(
+        work.path(),
+        &[
+            (
+                "    events.groupBy(\"id\")",
+                "    events.groupBy(events.id)",
+            ),
+            (".trigger(availableNow=True)", ".trigger(once=True)"),
+            (
+                "query.awaitTermination()",
+                "spark.streams.awaitAnyTermination()",
+            ),
+        ],
+    );
+    let plan = run_job(work.path(), &job, &["--print-plan"]);
+    assert!(plan.status.success(), "{}", text(&plan));
+    let plan = String::from_utf8_lossy(&plan.stdout).into_owned();
+    let all = format!("--max-files-per-batch {}", usize::MAX);
+    for part in [all.as_str(), "--key id", "--trigger available-now"] {
+        assert!(plan.contains(part), "the plan lacks `{part}`: {plan}");
+    }
+    let run = run_job(work.path(), &job, &["--progress-json"]);
+    assert!(run.status.success(), "{}", text(&run));
+    let got = batches_of(
+        &run.stdout,
+        &work.path().join("output/part-00000-statebox.json"),
+    );
+    let want = expected_batches(&fixtures().join("count/expected-once.jsonl"));
+    assert_eq!(got.len(), 1, "one batch\n{}", text(&run));
+    assert!(
+        same_rows(&want[&0], &got[&0]),
+        "PySpark {:?}, Statebox {:?}",
+        want[&0],
+        got[&0]
+    );
+}
+
 /// `spark.readStream.format("kafka")` as Spark's Kafka integration guide writes it (the
 /// value parsed with `from_json`, the record timestamp kept for the watermark, the brokers
 /// from the environment) becomes exactly the Kafka flags of `statebox run`, and the plan is

@@ -202,6 +202,58 @@ class JobTest(unittest.TestCase):
         kafka = spark.readStream.format("kafka").option("subscribe", "t").load()
         self.assertEqual(kafka.source["options"], {"subscribe": "t"})
 
+    def test_columns_are_read_off_the_dataframe_as_in_pyspark(self):
+        spark = _job.SparkSession.builder.getOrCreate()
+        df = spark.readStream.schema("id string, Value long").json("in")
+        self.assertEqual(df.columns, ["id", "Value"])
+        # Attribute, item (any case, as Spark resolves names) and position give the column.
+        for column in (df.id, df["id"], df["ID"], df[0]):
+            self.assertEqual(df.groupBy(column).keys, ["id"])
+        self.assertEqual(df.groupBy(df[-1]).keys, ["Value"])
+        with self.assertRaisesRegex(
+            _job.UnsupportedCall,
+            r"test_pyspark_compat.py:\d+: DataFrame\['nope'\]: the DataFrame has no column "
+            r"'nope' \(its columns: id, Value\)",
+        ):
+            df["nope"]
+        # A name that is no column is a DataFrame method Statebox does not provide.
+        with self.assertRaisesRegex(_job.UnsupportedCall, "DataFrame.where is not supported"):
+            df.where("Value > 0")
+        # Without a schema only the item form names a column.
+        bare = spark.readStream.json("in")
+        self.assertEqual(bare.groupBy(bare["k"]).keys, ["k"])
+        with self.assertRaisesRegex(_job.UnsupportedCall, "DataFrame.k is not supported"):
+            bare.k
+        with self.assertRaisesRegex(_job.UnsupportedCall, r"give the reader its schema"):
+            bare.columns
+        # A Kafka source has Spark's Kafka columns, and after parsing the value's fields.
+        kafka = spark.readStream.format("kafka").option("subscribe", "t").load()
+        self.assertEqual(kafka.columns[:2], ["key", "value"])
+        parsed = kafka.select(
+            _job.from_json(kafka.value.cast("string"), "user string").alias("d"), "timestamp"
+        ).select("d.*", "timestamp")
+        self.assertEqual(parsed.columns, ["user", "timestamp"])
+        self.assertEqual(parsed.groupBy(parsed.user).keys, ["user"])
+
+    def test_triggers_are_recorded_as_spark_reads_them(self):
+        spark = _job.SparkSession.builder.getOrCreate()
+        writer = lambda: _job._Writer({})  # noqa: E731
+        self.assertEqual(writer().trigger(once=True).sink["trigger"], "once")
+        self.assertEqual(writer().trigger(availableNow=True).sink["trigger"], "available-now")
+        self.assertEqual(
+            writer().trigger(processingTime="5 seconds").sink["trigger"], {"interval_ms": 5000}
+        )
+        for kwargs in ({}, {"once": True, "availableNow": True}):
+            with self.assertRaisesRegex(ValueError, "Only a single trigger is allowed"):
+                writer().trigger(**kwargs)
+        with self.assertRaisesRegex(ValueError, r"trigger\(once=False\): the value must be True"):
+            writer().trigger(once=False)
+        with self.assertRaisesRegex(_job.UnsupportedCall, r"trigger\(realTime=...\)"):
+            writer().trigger(realTime="5 seconds")
+        # spark.streams waits for the job's query, as awaitTermination does.
+        self.assertTrue(spark.streams.awaitAnyTermination())
+        spark.streams.resetTerminated()
+
     def test_a_source_without_a_format_is_sparks_default_source(self):
         spark = _job.SparkSession.builder.getOrCreate()
         # Spark's default source is Parquet, which Statebox does not read.

@@ -280,11 +280,7 @@ fn plan(
     };
 
     // The source first: a source Statebox cannot read stops the job before the build.
-    let source_flags = match q.source.format.as_str() {
-        "kafka" => kafka_flags(q)?,
-        "json" => file_flags(&q.source)?,
-        _ => Vec::new(),
-    };
+    let source_flags = source_flags(q)?;
     let input = match q.source.format.as_str() {
         "json" => q
             .source
@@ -429,11 +425,34 @@ fn plan(
             arg("--trigger", &format!("interval={ms}ms"));
         }
         // Spark's default trigger runs batches as soon as possible, forever; the job runs
-        // what is available and stops (Statebox's available-now).
+        // what is available and stops (Statebox's available-now). So does `once`, in one
+        // batch (`source_flags`).
         _ => arg("--trigger", "available-now"),
     }
     let _ = script;
     Ok((argv, console))
+}
+
+/// The flags of the source's options. Spark's once trigger reads everything available in
+/// one batch whatever the source's per-trigger limits say (availableNow keeps to them over
+/// several batches), so under it the batch bounds are left out.
+fn source_flags(q: &RecordedQuery) -> anyhow::Result<Vec<(&'static str, String)>> {
+    let mut flags = match q.source.format.as_str() {
+        "kafka" => kafka_flags(q)?,
+        "json" => file_flags(&q.source)?,
+        _ => Vec::new(),
+    };
+    if q.sink.trigger.as_ref().and_then(Value::as_str) == Some("once") {
+        for (flag, value) in &mut flags {
+            if *flag == "--max-files-per-batch" {
+                *value = usize::MAX.to_string();
+            }
+        }
+        flags.retain(|(flag, _)| {
+            !matches!(*flag, "--max-bytes-per-batch" | "--max-records-per-batch")
+        });
+    }
+    Ok(flags)
 }
 
 /// The flags of a file source's limits, as Spark's file source reads them:
@@ -529,6 +548,73 @@ mod tests {
             "at": "job.py:12",
         }))
         .expect("a recorded source")
+    }
+
+    /// The count job's query over `source`, with the sink's `trigger` as recorded.
+    fn query(source: Value, trigger: Value) -> RecordedQuery {
+        serde_json::from_value(serde_json::json!({
+            "source": source,
+            "watermark": null,
+            "key": ["id"],
+            "processor_class": "CountProcessor",
+            "output_schema": "id string, count long",
+            "output_mode": "append",
+            "time_mode": "none",
+            "initial_state": null,
+            "event_time_column": null,
+            "sink": {"format": "json", "options": {}, "output_mode": null, "trigger": trigger},
+            "start_at": "job.py:40",
+        }))
+        .expect("a recorded query")
+    }
+
+    #[test]
+    fn the_once_trigger_reads_all_available_input_in_one_batch() {
+        let files = serde_json::json!({
+            "format": "json", "path": "input", "at": "job.py:12",
+            "options": {"maxFilesPerTrigger": 1},
+        });
+        let bytes = serde_json::json!({
+            "format": "json", "path": "input", "at": "job.py:12",
+            "options": {"maxBytesPerTrigger": "1m"},
+        });
+        let kafka = serde_json::json!({
+            "format": "kafka", "at": "job.py:12",
+            "options": {"subscribe": "t", "maxOffsetsPerTrigger": 10, "startingOffsets": "earliest"},
+        });
+        let flags = |source: &Value, trigger: &str| {
+            source_flags(&query(source.clone(), trigger.into())).expect("flags")
+        };
+        let all = usize::MAX.to_string();
+        assert_eq!(
+            flags(&files, "available-now"),
+            [("--max-files-per-batch", "1".to_owned())]
+        );
+        assert_eq!(
+            flags(&files, "once"),
+            [("--max-files-per-batch", all.clone())]
+        );
+        assert_eq!(
+            flags(&bytes, "once"),
+            [("--max-files-per-batch", all.clone())]
+        );
+        assert_eq!(
+            flags(&kafka, "available-now"),
+            [
+                ("--max-records-per-batch", "10".to_owned()),
+                ("--starting-offsets", "earliest".to_owned())
+            ]
+        );
+        assert_eq!(
+            flags(&kafka, "once"),
+            [("--starting-offsets", "earliest".to_owned())]
+        );
+        // An interval trigger keeps the limits, as Spark's processingTime does.
+        let interval = source_flags(&query(files, serde_json::json!({"interval_ms": 5000})));
+        assert_eq!(
+            interval.expect("flags"),
+            [("--max-files-per-batch", "1".to_owned())]
+        );
     }
 
     #[test]

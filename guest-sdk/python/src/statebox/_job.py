@@ -104,6 +104,13 @@ def _schema_ddl(schema):
     return to_ddl(schema)
 
 
+def _ddl_names(ddl):
+    """The field names of a DDL schema such as ``"id string, value long"``."""
+    from .types import parse_ddl
+
+    return [f.name for f in parse_ddl(ddl).fields]
+
+
 class Column:
     """``col("x")``: a column reference by name; for a Kafka source also
     ``col("value").cast("string")`` and ``from_json(...).alias(name)``."""
@@ -323,10 +330,31 @@ class SparkSession(_Strict):
         return _Reader(streaming=True)
 
     @property
+    def streams(self):
+        return _Streams()
+
+    @property
     def read(self):
         return _Reader(streaming=False)
 
     def stop(self):
+        pass
+
+
+class _Streams(_Strict):
+    """``spark.streams``: the job's query, and waiting for it (which returns at once, as
+    ``StreamingQuery.awaitTermination`` does)."""
+
+    _what = "spark.streams"
+
+    @property
+    def active(self):
+        return [StreamingQuery() for _ in _RECORD["queries"]]
+
+    def awaitAnyTermination(self, timeout=None):
+        return True
+
+    def resetTerminated(self):
         pass
 
 
@@ -448,6 +476,54 @@ class DataFrame(_Strict):
     @property
     def isStreaming(self):
         return self.streaming
+
+    def _column_names(self):
+        """The column names (None for a file source without a schema): the schema's
+        fields; for a Kafka source, Spark's Kafka columns, or those select kept."""
+        kafka = self._kafka_columns()
+        if kafka is not None:
+            names = []
+            for name, kind in kafka.items():
+                if isinstance(kind, tuple) and kind[0] == "fields":
+                    names.extend(_ddl_names(kind[1]))
+                else:
+                    names.append(name)
+            return names
+        schema = None if self.source is None else self.source.get("schema")
+        return None if schema is None else _ddl_names(schema)
+
+    @property
+    def columns(self):
+        names = self._column_names()
+        if names is None:
+            _unsupported("DataFrame.columns of a source without a schema",
+                         "give the reader its schema: .schema(...)")
+        return names
+
+    def __getattr__(self, name):
+        # `df.id` is the column, as in PySpark; any other name is a method Statebox lacks.
+        if not name.startswith("_") and name in (self._column_names() or ()):
+            return Column(name)
+        return _Strict.__getattr__(self, name)
+
+    def __getitem__(self, item):
+        # `df["id"]` (any case, as Spark resolves names) and `df[0]` are columns.
+        names = self._column_names()
+        if isinstance(item, str):
+            if names is None:
+                return Column(item)
+            found = [n for n in names if n == item] or [
+                n for n in names if n.lower() == item.lower()
+            ]
+            if len(found) != 1:
+                raise UnsupportedCall(
+                    f"{_caller()}: DataFrame[{item!r}]: the DataFrame has no column {item!r} "
+                    f"(its columns: {', '.join(names)})"
+                )
+            return Column(found[0])
+        if isinstance(item, int) and not isinstance(item, bool) and names is not None:
+            return Column(names[item])
+        _unsupported(f"DataFrame[{item!r}]", "name a column: df[\"name\"] or col(\"name\")")
 
     def withWatermark(self, eventTime, delayThreshold):
         return DataFrame(
@@ -606,12 +682,24 @@ class _Writer(_Strict):
 
     def trigger(self, processingTime=None, once=None, availableNow=None, continuous=None,
                 realTime=None):
+        # As PySpark: exactly one trigger, and once/availableNow only as True.
+        given = [processingTime, once, availableNow, continuous, realTime]
+        if len(given) - given.count(None) != 1:
+            raise ValueError("Only a single trigger is allowed.")
         if continuous is not None or realTime is not None:
-            _unsupported("trigger(continuous=...)", "use availableNow=True or processingTime")
+            _unsupported(
+                "trigger(continuous=...)" if realTime is None else "trigger(realTime=...)",
+                "use availableNow=True or processingTime",
+            )
         if processingTime is not None:
             self.sink["trigger"] = {"interval_ms": _duration_ms(processingTime, "processingTime")}
-        elif availableNow or once:
-            self.sink["trigger"] = "available-now"
+            return self
+        name, value = ("once", once) if once is not None else ("availableNow", availableNow)
+        if value is not True:
+            raise ValueError(f"trigger({name}={value!r}): the value must be True")
+        # Spark's once trigger reads everything available in one batch, whatever the
+        # source's per-trigger limits; availableNow keeps to them over several batches.
+        self.sink["trigger"] = "once" if once else "available-now"
         return self
 
     def foreachBatch(self, func):
