@@ -206,6 +206,7 @@ class JobTest(unittest.TestCase):
         spark = _job.SparkSession.builder.getOrCreate()
         df = spark.readStream.schema("id string, Value long").json("in")
         self.assertEqual(df.columns, ["id", "Value"])
+        self.assertEqual(_job._schema_ddl(df.schema), "id string, Value long")
         # Attribute, item (any case, as Spark resolves names) and position give the column.
         for column in (df.id, df["id"], df["ID"], df[0]):
             self.assertEqual(df.groupBy(column).keys, ["id"])
@@ -224,7 +225,11 @@ class JobTest(unittest.TestCase):
         self.assertEqual(bare.groupBy(bare["k"]).keys, ["k"])
         with self.assertRaisesRegex(_job.UnsupportedCall, "DataFrame.k is not supported"):
             bare.k
-        with self.assertRaisesRegex(_job.UnsupportedCall, r"give the reader its schema"):
+        with self.assertRaisesRegex(
+            _job.UnsupportedCall,
+            r"DataFrame.schema of a source without a schema is not supported by Statebox: "
+            r"give the reader its schema",
+        ):
             bare.columns
         # A Kafka source has Spark's Kafka columns, and after parsing the value's fields.
         kafka = spark.readStream.format("kafka").option("subscribe", "t").load()
@@ -233,6 +238,14 @@ class JobTest(unittest.TestCase):
             _job.from_json(kafka.value.cast("string"), "user string").alias("d"), "timestamp"
         ).select("d.*", "timestamp")
         self.assertEqual(parsed.columns, ["user", "timestamp"])
+        self.assertEqual(
+            _job._schema_ddl(parsed.schema), "user string, timestamp timestamp"
+        )
+        self.assertEqual(
+            _job._schema_ddl(kafka.schema),
+            "key binary, value binary, topic string, partition int, offset long, "
+            "timestamp timestamp, timestampType int",
+        )
         self.assertEqual(parsed.groupBy(parsed.user).keys, ["user"])
 
     def test_triggers_are_recorded_as_spark_reads_them(self):

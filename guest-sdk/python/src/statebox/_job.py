@@ -171,6 +171,16 @@ _KAFKA_COLUMNS = {
     "timestamp": "timestamp",
     "timestampType": "timestampType",
 }
+# The Spark types of those columns (the value's fields are the parsed schema's).
+_KAFKA_TYPES = {
+    "binary": "binary",
+    "string": "string",
+    "topic": "string",
+    "partition": "int",
+    "offset": "bigint",
+    "timestamp": "timestamp",
+    "timestampType": "int",
+}
 _KAFKA_DDL = {
     "key": "key string",
     "topic": "topic string",
@@ -477,28 +487,37 @@ class DataFrame(_Strict):
     def isStreaming(self):
         return self.streaming
 
-    def _column_names(self):
-        """The column names (None for a file source without a schema): the schema's
-        fields; for a Kafka source, Spark's Kafka columns, or those select kept."""
+    def _schema_ddl(self):
+        """The DataFrame's schema as DDL (None for a file source without a schema): the
+        source's; for a Kafka source, Spark's Kafka columns, or those select kept."""
         kafka = self._kafka_columns()
-        if kafka is not None:
-            names = []
-            for name, kind in kafka.items():
-                if isinstance(kind, tuple) and kind[0] == "fields":
-                    names.extend(_ddl_names(kind[1]))
-                else:
-                    names.append(name)
-            return names
-        schema = None if self.source is None else self.source.get("schema")
-        return None if schema is None else _ddl_names(schema)
+        if kafka is None:
+            return None if self.source is None else self.source.get("schema")
+        fields = []
+        for name, kind in kafka.items():
+            if isinstance(kind, tuple):
+                fields.append(kind[1] if kind[0] == "fields" else f"{name} struct<{kind[1]}>")
+            else:
+                fields.append(f"{name} {_KAFKA_TYPES[kind]}")
+        return ", ".join(fields)
+
+    def _column_names(self):
+        ddl = self._schema_ddl()
+        return None if ddl is None else _ddl_names(ddl)
+
+    @property
+    def schema(self):
+        from .types import parse_ddl
+
+        ddl = self._schema_ddl()
+        if ddl is None:
+            _unsupported("DataFrame.schema of a source without a schema",
+                         "give the reader its schema: .schema(...)")
+        return parse_ddl(ddl)
 
     @property
     def columns(self):
-        names = self._column_names()
-        if names is None:
-            _unsupported("DataFrame.columns of a source without a schema",
-                         "give the reader its schema: .schema(...)")
-        return names
+        return self.schema.names
 
     def __getattr__(self, name):
         # `df.id` is the column, as in PySpark; any other name is a method Statebox lacks.
