@@ -278,11 +278,15 @@ class JobTest(unittest.TestCase):
             spark.readStream.load("in")
         with self.assertRaisesRegex(_job.UnsupportedCall, r"spark.read.load\(\) without"):
             spark.read.option("path", "init").load()
-        # A job that made JSON the default reads JSON, as Spark would.
+        # A job that made JSON the default reads JSON, as Spark would; a reader takes the
+        # default when it is made, as Spark's does.
+        made_before = spark.readStream
         spark.conf.set("spark.sql.sources.default", "JSON")
         try:
             self.assertEqual(spark.readStream.load("in").source["format"], "json")
             self.assertEqual(spark.read.option("path", "init").load().source["path"], "init")
+            with self.assertRaisesRegex(_job.UnsupportedCall, r"Spark would read 'parquet'"):
+                made_before.load("in")
         finally:
             spark.conf.unset("spark.sql.sources.default")
 

@@ -375,6 +375,9 @@ class _Reader(_Strict):
         self.streaming = streaming
         self._what = "spark.readStream" if streaming else "spark.read"
         self.spec = {"format": None, "schema": None, "options": {}}
+        # As in Spark, a reader takes spark.sql.sources.default when it is made: the source
+        # a load() without a format reads (Parquet unless the job set it).
+        self._default = _RECORD["conf"].get("spark.sql.sources.default", "parquet").lower()
 
     def format(self, source):
         self.spec["format"] = str(source).lower()
@@ -394,12 +397,8 @@ class _Reader(_Strict):
         return self
 
     def load(self, path=None):
-        # As in Spark, a reader given no format reads spark.sql.sources.default's source:
-        # Parquet unless the job set it.
         given = self.spec["format"]
-        fmt = given
-        if given is None:
-            fmt = _RECORD["conf"].get("spark.sql.sources.default", "parquet").lower()
+        fmt = self._default if given is None else given
         if fmt not in ("json", "kafka"):
             if given is None:
                 _unsupported(
