@@ -247,6 +247,9 @@ class JobTest(unittest.TestCase):
             "timestamp timestamp, timestampType int",
         )
         self.assertEqual(parsed.groupBy(parsed.user).keys, ["user"])
+        # transformWithState's result has the output schema's columns.
+        out = df.groupBy("id").transformWithState(None, "id string, n long", "append", "none")
+        self.assertEqual(out.columns, ["id", "n"])
 
     def test_triggers_are_recorded_as_spark_reads_them(self):
         spark = _job.SparkSession.builder.getOrCreate()

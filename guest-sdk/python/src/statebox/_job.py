@@ -486,7 +486,7 @@ class DataFrame(_Strict):
     def isStreaming(self):
         return self.streaming
 
-    def _schema_ddl(self):
+    def _ddl(self):
         """The DataFrame's schema as DDL (None for a file source without a schema): the
         source's; for a Kafka source, Spark's Kafka columns, or those select kept."""
         kafka = self._kafka_columns()
@@ -501,14 +501,14 @@ class DataFrame(_Strict):
         return ", ".join(fields)
 
     def _column_names(self):
-        ddl = self._schema_ddl()
+        ddl = self._ddl()
         return None if ddl is None else _ddl_names(ddl)
 
     @property
     def schema(self):
         from .types import parse_ddl
 
-        ddl = self._schema_ddl()
+        ddl = self._ddl()
         if ddl is None:
             _unsupported("DataFrame.schema of a source without a schema",
                          "give the reader its schema: .schema(...)")
@@ -658,6 +658,9 @@ class _Transformed(DataFrame):
     def __init__(self, query):
         super().__init__(source=None)
         self.query = query
+
+    def _ddl(self):
+        return self.query["output_schema"]
 
     @property
     def writeStream(self):
