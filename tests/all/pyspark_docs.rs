@@ -433,6 +433,26 @@ fn run_job_with(dir: &Path, job: &Path, extra: &[&str], env: &[(&str, &str)]) ->
         .expect("spawn statebox")
 }
 
+/// Checks that `statebox run JOB --print-plan` in `dir` succeeds and its plan has each of
+/// `parts`.
+fn assert_plan(dir: &Path, job: &Path, parts: &[&str]) {
+    let plan = run_job(dir, job, &["--print-plan"]);
+    assert!(plan.status.success(), "{}", text(&plan));
+    let plan = String::from_utf8_lossy(&plan.stdout);
+    for part in parts {
+        assert!(plan.contains(part), "the plan lacks `{part}`: {plan}");
+    }
+}
+
+/// Runs `statebox run JOB --progress-json` in `dir`, which must succeed, and returns the
+/// run and its rows by batch, read from `output` (relative to `dir`).
+fn run_job_batches(dir: &Path, job: &Path, output: &str) -> (Output, BTreeMap<u64, Vec<Value>>) {
+    let run = run_job(dir, job, &["--progress-json"]);
+    assert!(run.status.success(), "{}", text(&run));
+    let batches = batches_of(&run.stdout, &dir.join(output));
+    (run, batches)
+}
+
 /// The count job (`job/job.py`) with `edits` applied, and a copy of the count fixture's
 /// input in `dir` (the job's relative paths are the working directory's). The script is
 /// written to a path named by its content, beside the component cache, so an unchanged
@@ -483,23 +503,17 @@ fn an_event_time_job_with_watermark_and_initial_state_gives_pysparks_output() {
         copy_tree(&fixture.join(part), &work.path().join(part));
     }
     let job = fixture.join("job.py");
-    let plan = run_job(work.path(), &job, &["--print-plan"]);
-    assert!(plan.status.success(), "{}", text(&plan));
-    let plan = String::from_utf8_lossy(&plan.stdout).into_owned();
-    for part in [
-        "--time-mode event-time",
-        "--event-time ts --watermark-delay 2000ms",
-        "--initial-state initial",
-        "--output-mode append",
-    ] {
-        assert!(plan.contains(part), "the plan lacks `{part}`: {plan}");
-    }
-    let run = run_job(work.path(), &job, &["--progress-json"]);
-    assert!(run.status.success(), "{}", text(&run));
-    let got = batches_of(
-        &run.stdout,
-        &work.path().join("output/part-00000-statebox.json"),
+    assert_plan(
+        work.path(),
+        &job,
+        &[
+            "--time-mode event-time",
+            "--event-time ts --watermark-delay 2000ms",
+            "--initial-state initial",
+            "--output-mode append",
+        ],
     );
+    let (run, got) = run_job_batches(work.path(), &job, "output/part-00000-statebox.json");
     let want = expected_batches(&fixture.join("expected.jsonl"));
     assert_eq!(
         got.keys().collect::<Vec<_>>(),
@@ -560,20 +574,12 @@ fn a_job_with_the_memory_sink_keeps_its_rows_beside_the_checkpoint() {
             (".start(\"output\")", ".start()"),
         ],
     );
-    let plan = run_job(work.path(), &job, &["--print-plan"]);
-    assert!(plan.status.success(), "{}", text(&plan));
-    assert!(
-        String::from_utf8_lossy(&plan.stdout)
-            .contains("--output checkpoint/memory-output.jsonl --checkpoint checkpoint"),
-        "{}",
-        text(&plan)
+    assert_plan(
+        work.path(),
+        &job,
+        &["--output checkpoint/memory-output.jsonl --checkpoint checkpoint"],
     );
-    let run = run_job(work.path(), &job, &["--progress-json"]);
-    assert!(run.status.success(), "{}", text(&run));
-    let got = batches_of(
-        &run.stdout,
-        &work.path().join("checkpoint/memory-output.jsonl"),
-    );
+    let (run, got) = run_job_batches(work.path(), &job, "checkpoint/memory-output.jsonl");
     let want = expected_batches(&fixtures().join("count/expected.jsonl"));
     for (batch, rows) in &want {
         assert!(
@@ -606,19 +612,13 @@ fn a_job_with_the_once_trigger_runs_one_batch_as_pyspark_does() {
             ),
         ],
     );
-    let plan = run_job(work.path(), &job, &["--print-plan"]);
-    assert!(plan.status.success(), "{}", text(&plan));
-    let plan = String::from_utf8_lossy(&plan.stdout).into_owned();
     let all = format!("--max-files-per-batch {}", usize::MAX);
-    for part in [all.as_str(), "--key id", "--trigger available-now"] {
-        assert!(plan.contains(part), "the plan lacks `{part}`: {plan}");
-    }
-    let run = run_job(work.path(), &job, &["--progress-json"]);
-    assert!(run.status.success(), "{}", text(&run));
-    let got = batches_of(
-        &run.stdout,
-        &work.path().join("output/part-00000-statebox.json"),
+    assert_plan(
+        work.path(),
+        &job,
+        &[&all, "--key id", "--trigger available-now"],
     );
+    let (run, got) = run_job_batches(work.path(), &job, "output/part-00000-statebox.json");
     let want = expected_batches(&fixtures().join("count/expected-once.jsonl"));
     assert_eq!(got.len(), 1, "one batch\n{}", text(&run));
     assert!(
