@@ -279,8 +279,10 @@ fn plan(
         }
     };
 
-    // The source first: a source Statebox cannot read stops the job before the build.
+    // The source and the output mode first: what Statebox cannot run stops the job before
+    // the build.
     let source_flags = source_flags(q)?;
+    output_mode(q)?;
     let input = match q.source.format.as_str() {
         "json" => q
             .source
@@ -310,16 +312,7 @@ fn plan(
     }
     arg("--key", &q.key.join(","));
 
-    let mode = q.sink.output_mode.as_deref().unwrap_or(&q.output_mode);
-    if !mode.eq_ignore_ascii_case(&q.output_mode) {
-        bail!(
-            "{}: writeStream.outputMode({mode:?}) differs from transformWithState's \
-             outputMode {:?}",
-            q.start_at,
-            q.output_mode
-        );
-    }
-    arg("--output-mode", &q.output_mode.to_ascii_lowercase());
+    arg("--output-mode", &output_mode(q)?);
     let time_mode = match q
         .time_mode
         .replace(['_', '-'], "")
@@ -431,6 +424,31 @@ fn plan(
     }
     let _ = script;
     Ok((argv, console))
+}
+
+/// The query's output mode: transformWithState's, which the writer's (if set) must match.
+/// As in Spark, `append` or `update`; `complete` stops the job at `start()`, where Spark's
+/// analysis stops it.
+fn output_mode(q: &RecordedQuery) -> anyhow::Result<String> {
+    let mode = q.output_mode.to_ascii_lowercase();
+    let written = q.sink.output_mode.as_deref().unwrap_or(&mode);
+    if !written.eq_ignore_ascii_case(&mode) {
+        bail!(
+            "{}: writeStream.outputMode({written:?}) differs from transformWithState's \
+             outputMode {:?}",
+            q.start_at,
+            q.output_mode
+        );
+    }
+    if mode != "append" && mode != "update" {
+        bail!(
+            "{}: output mode {:?} is not supported: transformWithState emits in append or \
+             update mode (Spark stops here too: \"Invalid streaming output mode\")",
+            q.start_at,
+            q.output_mode
+        );
+    }
+    Ok(mode)
 }
 
 /// The flags of the source's options. Spark's once trigger reads everything available in
@@ -614,6 +632,31 @@ mod tests {
         assert_eq!(
             interval.expect("flags"),
             [("--max-files-per-batch", "1".to_owned())]
+        );
+    }
+
+    #[test]
+    fn the_output_mode_is_append_or_update_and_the_writers_agrees() {
+        let mode = |tws: &str, writer: Option<&str>| {
+            let mut q = query(
+                serde_json::json!({"format": "json", "at": "job.py:12"}),
+                Value::Null,
+            );
+            q.output_mode = tws.to_owned();
+            q.sink.output_mode = writer.map(str::to_owned);
+            output_mode(&q).map_err(|e| e.to_string())
+        };
+        assert_eq!(mode("Update", None).unwrap(), "update");
+        assert_eq!(mode("append", Some("Append")).unwrap(), "append");
+        let e = mode("Complete", Some("complete")).unwrap_err();
+        assert!(
+            e.starts_with("job.py:40: output mode \"Complete\" is not supported"),
+            "{e}"
+        );
+        let e = mode("update", Some("append")).unwrap_err();
+        assert!(
+            e.contains("writeStream.outputMode(\"append\") differs from transformWithState's"),
+            "{e}"
         );
     }
 
