@@ -266,6 +266,20 @@ class JobTest(unittest.TestCase):
             writer().trigger(once=False)
         with self.assertRaisesRegex(_job.UnsupportedCall, r"trigger\(realTime=...\)"):
             writer().trigger(realTime="5 seconds")
+        # processingTime 0 is Spark's default trigger; a negative interval or delay is refused.
+        self.assertEqual(
+            writer().trigger(processingTime="0 seconds").sink["trigger"], "available-now"
+        )
+        with self.assertRaisesRegex(
+            _job.UnsupportedCall,
+            r"test_pyspark_compat.py:\d+: processingTime '-1 second' should not be negative",
+        ):
+            writer().trigger(processingTime="-1 second")
+        df = spark.readStream.schema("ts timestamp").json("in")
+        with self.assertRaisesRegex(
+            _job.UnsupportedCall, r"withWatermark delay '-5 seconds' should not be negative"
+        ):
+            df.withWatermark("ts", "-5 seconds")
         # spark.streams waits for the job's query, as awaitTermination does.
         self.assertTrue(spark.streams.awaitAnyTermination())
         spark.streams.resetTerminated()

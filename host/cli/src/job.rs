@@ -486,14 +486,29 @@ fn file_flags(source: &Source) -> anyhow::Result<Vec<(&'static str, String)>> {
             source.at
         );
     }
+    if let Some(files) = &files {
+        positive(files, "maxFilesPerTrigger", &source.at)?;
+    }
     let mut flags = vec![(
         "--max-files-per-batch",
         files.unwrap_or_else(|| usize::MAX.to_string()),
     )];
     if let Some(bytes) = bytes {
+        // A count of bytes, as Spark reads it, or a size such as `64MiB`.
+        crate::parse_batch_bytes(&bytes).map_err(|e| {
+            anyhow::anyhow!("{}: option maxBytesPerTrigger={bytes:?}: {e}", source.at)
+        })?;
         flags.push(("--max-bytes-per-batch", bytes));
     }
     Ok(flags)
+}
+
+/// Checks that `value`, option `name`'s, is a positive integer, as Spark requires.
+fn positive(value: &str, name: &str, at: &str) -> anyhow::Result<()> {
+    match value.trim().parse::<u64>() {
+        Ok(n) if n > 0 => Ok(()),
+        _ => bail!("{at}: option {name}={value:?} must be a positive integer, as in Spark"),
+    }
 }
 
 /// A Kafka source option the query needs.
@@ -517,7 +532,10 @@ fn kafka_flags(q: &RecordedQuery) -> anyhow::Result<Vec<(&'static str, String)>>
         match lower.as_str() {
             "kafka.bootstrap.servers" | "subscribe" => {}
             "startingoffsets" => flags.push(("--starting-offsets", value)),
-            "maxoffsetspertrigger" => flags.push(("--max-records-per-batch", value)),
+            "maxoffsetspertrigger" => {
+                positive(&value, name, &q.source.at)?;
+                flags.push(("--max-records-per-batch", value));
+            }
             // Statebox always fails a query whose Kafka data was lost, as Spark's default.
             "failondataloss" if value.eq_ignore_ascii_case("true") => {}
             _ if lower.starts_with("kafka.") => flags.push((
@@ -627,6 +645,15 @@ mod tests {
             flags(&kafka, "once"),
             [("--starting-offsets", "earliest".to_owned())]
         );
+        let mut none = kafka.clone();
+        none["options"]["maxOffsetsPerTrigger"] = "-1".into();
+        let e = source_flags(&query(none, Value::Null))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("job.py:12: option maxOffsetsPerTrigger=\"-1\" must be a positive"),
+            "{e}"
+        );
         // An interval trigger keeps the limits, as Spark's processingTime does.
         let interval = source_flags(&query(files, serde_json::json!({"interval_ms": 5000})));
         assert_eq!(
@@ -680,6 +707,23 @@ mod tests {
                 ("--max-bytes-per-batch", "1048576".to_owned())
             ]
         );
+        for (options, message) in [
+            (
+                serde_json::json!({"maxFilesPerTrigger": 0}),
+                "job.py:12: option maxFilesPerTrigger=\"0\" must be a positive integer",
+            ),
+            (
+                serde_json::json!({"maxFilesPerTrigger": "x"}),
+                "job.py:12: option maxFilesPerTrigger=\"x\" must be a positive integer",
+            ),
+            (
+                serde_json::json!({"maxBytesPerTrigger": "0"}),
+                "job.py:12: option maxBytesPerTrigger=\"0\": a batch must be allowed at least 1",
+            ),
+        ] {
+            let e = flags(options).unwrap_err().to_string();
+            assert!(e.starts_with(message), "{e}");
+        }
         let e = flags(serde_json::json!({"maxFilesPerTrigger": 1, "maxBytesPerTrigger": 64}))
             .unwrap_err()
             .to_string();

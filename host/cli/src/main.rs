@@ -619,7 +619,7 @@ pub(crate) fn parse_state_memory(s: &str) -> Result<statebox_state::StateMemory,
 }
 
 /// Parses `--max-bytes-per-batch`: a size of at least one byte.
-fn parse_batch_bytes(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_batch_bytes(s: &str) -> Result<u64, String> {
     match statebox_state::memory::parse_size(s).map_err(|e| e.to_string())? {
         0 => Err("a batch must be allowed at least 1 byte".into()),
         n => Ok(n as u64),

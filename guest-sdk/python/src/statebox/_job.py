@@ -76,7 +76,15 @@ class _Strict:
 
 
 def _duration_ms(text, what):
-    """Milliseconds of a Spark interval string: "10 seconds", "1 minute", "500 ms"."""
+    """Milliseconds of a Spark interval string: "10 seconds", "1 minute", "500 ms". Spark
+    refuses a negative one (a watermark delay, a trigger's interval)."""
+    ms = _interval(text, what)
+    if ms < 0:
+        raise UnsupportedCall(f"{_caller()}: {what} {text!r} should not be negative, as in Spark")
+    return ms
+
+
+def _interval(text, what):
     if isinstance(text, (int, float)):
         return int(text)
     words = str(text).strip().lower().split()
@@ -713,7 +721,9 @@ class _Writer(_Strict):
                 "use availableNow=True or processingTime",
             )
         if processingTime is not None:
-            self.sink["trigger"] = {"interval_ms": _duration_ms(processingTime, "processingTime")}
+            ms = _duration_ms(processingTime, "processingTime")
+            # Spark's default trigger is processingTime 0: batches one after another.
+            self.sink["trigger"] = {"interval_ms": ms} if ms > 0 else "available-now"
             return self
         name, value = ("once", once) if once is not None else ("availableNow", availableNow)
         if value is not True:
