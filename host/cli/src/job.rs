@@ -486,13 +486,11 @@ fn file_flags(source: &Source) -> anyhow::Result<Vec<(&'static str, String)>> {
             source.at
         );
     }
-    if let Some(files) = &files {
-        positive(files, "maxFilesPerTrigger", &source.at)?;
-    }
-    let mut flags = vec![(
-        "--max-files-per-batch",
-        files.unwrap_or_else(|| usize::MAX.to_string()),
-    )];
+    let files = match files {
+        Some(files) => positive(&files, "maxFilesPerTrigger", &source.at)?.to_string(),
+        None => usize::MAX.to_string(),
+    };
+    let mut flags = vec![("--max-files-per-batch", files)];
     if let Some(bytes) = bytes {
         // A count of bytes, as Spark reads it, or a size such as `64MiB`.
         crate::parse_batch_bytes(&bytes).map_err(|e| {
@@ -503,11 +501,11 @@ fn file_flags(source: &Source) -> anyhow::Result<Vec<(&'static str, String)>> {
     Ok(flags)
 }
 
-/// Checks that `value`, option `name`'s, is a positive integer, as Spark requires.
-fn positive(value: &str, name: &str, at: &str) -> anyhow::Result<()> {
+/// `value`, option `name`'s, which must be a positive integer (a file or record count).
+fn positive(value: &str, name: &str, at: &str) -> anyhow::Result<u64> {
     match value.trim().parse::<u64>() {
-        Ok(n) if n > 0 => Ok(()),
-        _ => bail!("{at}: option {name}={value:?} must be a positive integer, as in Spark"),
+        Ok(n) if n > 0 => Ok(n),
+        _ => bail!("{at}: option {name}={value:?} must be a positive integer"),
     }
 }
 
@@ -532,10 +530,10 @@ fn kafka_flags(q: &RecordedQuery) -> anyhow::Result<Vec<(&'static str, String)>>
         match lower.as_str() {
             "kafka.bootstrap.servers" | "subscribe" => {}
             "startingoffsets" => flags.push(("--starting-offsets", value)),
-            "maxoffsetspertrigger" => {
-                positive(&value, name, &q.source.at)?;
-                flags.push(("--max-records-per-batch", value));
-            }
+            "maxoffsetspertrigger" => flags.push((
+                "--max-records-per-batch",
+                positive(&value, name, &q.source.at)?.to_string(),
+            )),
             // Statebox always fails a query whose Kafka data was lost, as Spark's default.
             "failondataloss" if value.eq_ignore_ascii_case("true") => {}
             _ if lower.starts_with("kafka.") => flags.push((
@@ -698,6 +696,10 @@ mod tests {
         assert_eq!(
             flags(serde_json::json!({"maxFilesPerTrigger": 2})).unwrap(),
             [("--max-files-per-batch", "2".to_owned())]
+        );
+        assert_eq!(
+            flags(serde_json::json!({"maxFilesPerTrigger": " 3"})).unwrap(),
+            [("--max-files-per-batch", "3".to_owned())]
         );
         // Any case, as Spark's options; the bytes bound leaves the file count unbounded.
         assert_eq!(
