@@ -217,6 +217,12 @@ class JobTest(unittest.TestCase):
             r"'nope' \(its columns: id, Value\)",
         ):
             df["nope"]
+        with self.assertRaisesRegex(
+            _job.UnsupportedCall,
+            r"DataFrame\[condition\] is not supported by Statebox: "
+            r"filter the rows in the processor",
+        ):
+            df[df.id]
         # A name that is no column is a DataFrame method Statebox does not provide.
         with self.assertRaisesRegex(_job.UnsupportedCall, "DataFrame.where is not supported"):
             df.where("Value > 0")

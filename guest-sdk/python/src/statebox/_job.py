@@ -549,6 +549,9 @@ class DataFrame(_Strict):
             return Column(found[0])
         if isinstance(item, int) and not isinstance(item, bool) and names is not None:
             return Column(names[item])
+        if isinstance(item, Column):
+            # Spark's df[condition] filters the rows.
+            _unsupported("DataFrame[condition]", "filter the rows in the processor")
         _unsupported(f"DataFrame[{item!r}]", "name a column: df[\"name\"] or col(\"name\")")
 
     def withWatermark(self, eventTime, delayThreshold):
