@@ -282,7 +282,7 @@ fn plan(
     // The source and the output mode first: what Statebox cannot run stops the job before
     // the build.
     let source_flags = source_flags(q)?;
-    output_mode(q)?;
+    let mode = output_mode(q)?;
     let input = match q.source.format.as_str() {
         "json" => q
             .source
@@ -312,7 +312,7 @@ fn plan(
     }
     arg("--key", &q.key.join(","));
 
-    arg("--output-mode", &output_mode(q)?);
+    arg("--output-mode", &mode);
     let time_mode = match q
         .time_mode
         .replace(['_', '-'], "")
