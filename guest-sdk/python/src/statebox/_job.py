@@ -112,13 +112,6 @@ def _schema_ddl(schema):
     return to_ddl(schema)
 
 
-def _ddl_names(ddl):
-    """The field names of a DDL schema such as ``"id string, value long"``."""
-    from .types import parse_ddl
-
-    return [f.name for f in parse_ddl(ddl).fields]
-
-
 class Column:
     """``col("x")``: a column reference by name; for a Kafka source also
     ``col("value").cast("string")`` and ``from_json(...).alias(name)``."""
@@ -179,22 +172,16 @@ _KAFKA_COLUMNS = {
     "timestamp": "timestamp",
     "timestampType": "timestampType",
 }
-# The Spark types of those columns (the value's fields are the parsed schema's).
+# The Spark type of each kind of column (the value's fields are the parsed schema's; a
+# key cast to a string is kind "string").
 _KAFKA_TYPES = {
     "binary": "binary",
     "string": "string",
     "topic": "string",
     "partition": "int",
-    "offset": "bigint",
+    "offset": "long",
     "timestamp": "timestamp",
     "timestampType": "int",
-}
-_KAFKA_DDL = {
-    "key": "key string",
-    "topic": "topic string",
-    "partition": "partition int",
-    "offset": "offset long",
-    "timestamp": "timestamp timestamp",
 }
 _PARSE_HINT = (
     "parse the value as Spark's documentation does: "
@@ -509,8 +496,10 @@ class DataFrame(_Strict):
         return ", ".join(fields)
 
     def _column_names(self):
+        from .types import parse_ddl
+
         ddl = self._ddl()
-        return None if ddl is None else _ddl_names(ddl)
+        return None if ddl is None else parse_ddl(ddl).names
 
     @property
     def schema(self):
@@ -595,7 +584,9 @@ class DataFrame(_Strict):
         extra = [k for k, v in self.kafka.items() if not isinstance(v, tuple)]
         source = dict(self.source)
         schema = self.kafka[fields[0]][1]
-        source["schema"] = ", ".join([schema] + [_KAFKA_DDL[k] for k in extra])
+        source["schema"] = ", ".join(
+            [schema] + [f"{k} {_KAFKA_TYPES[self.kafka[k]]}" for k in extra]
+        )
         source["kafka_columns"] = extra
         return source
 
